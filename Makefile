@@ -1,0 +1,46 @@
+# The README's two commands:  `make run`  and  `make test`.
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+SGL_VENV := .venv-sglang
+STAMP   := $(VENV)/.installed
+
+.PHONY: run test install lint pytest test-sglang clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# metagpt 0.8.2's own pins cannot resolve (lancedb==0.4.0 is gone): install it without
+# deps plus a working set of its pins (integrations/requirements-metagpt.txt).
+$(STAMP): $(BIN)/python pyproject.toml integrations/requirements-metagpt.txt
+	$(BIN)/pip install -q -r integrations/requirements-metagpt.txt
+	$(BIN)/pip install -q --no-deps metagpt==0.8.2
+	$(BIN)/pip install -q -e ".[dev]" -r integrations/requirements-metagpt.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/topas bench --workload chain3 --policies fcfs,lpm,parrot,las,spf,topas --tasks 120 --seed 0 --json results/chain3.json
+
+lint: install
+	$(BIN)/ruff check .
+
+pytest: install
+	$(BIN)/python -m pytest -q -m "not sglang"
+
+test: lint pytest test-sglang
+
+# Real SGLang (CPU import only) lives in its own venv: its pins clash with metagpt's.
+$(SGL_VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(SGL_VENV)
+	$(SGL_VENV)/bin/pip install -q --upgrade pip
+	$(SGL_VENV)/bin/pip install -q -e ".[sglang,dev]"
+	touch $@
+
+test-sglang: $(SGL_VENV)/.installed
+	$(SGL_VENV)/bin/python -m pytest -q -m sglang
+
+clean:
+	rm -rf $(VENV) $(SGL_VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Shipped data: built-in workloads (workloads/*.yaml) and SoftwareDev prompts."""

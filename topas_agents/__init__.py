@@ -1,0 +1,33 @@
+"""topas-agents: task-oriented, prefix-aware scheduling for multi-agent LLM workflows.
+
+Light at import: heavy pieces (engine, server, integrations) load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Workflow": "topas_agents.workflow",
+    "load_workflow": "topas_agents.workflow",
+    "parse_workflow": "topas_agents.workflow",
+    "Label": "topas_agents.labels",
+    "label": "topas_agents.labels",
+    "current_label": "topas_agents.labels",
+    "Decision": "topas_agents.snapshot",
+    "Snapshot": "topas_agents.snapshot",
+    "make_policy": "topas_agents.policies",
+    "load_profile": "topas_agents.costmodel",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'topas_agents' has no attribute {name!r}")

@@ -1,0 +1,114 @@
+"""Serving cost profiles: how long prefill, decode and prefix swaps take on one GPU.
+
+A profile is plain data (a YAML file in `topas_agents/profiles/`, sources cited there).
+Both the simulated engine and the policies (Topas prices service time and swaps with it)
+use the same `Profile`, so estimates and simulated reality agree by construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+DEFAULT_PROFILE = "a100-80g-qwen2.5-32b"
+_PROFILE_DIR = Path(__file__).parent / "profiles"
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    gpu: str
+    model: str
+    kv_bytes_per_token: int
+    kv_budget_tokens: int
+    tm_s: float  # weight-read bound per forward step
+    tc_s_per_token: float  # compute per token in a step (MLP + linear)
+    lm_head_s: float
+    overhead_s: float  # scheduler / launch overhead per step
+    hbm_bytes_per_s: float  # effective rate for reading KV during decode
+    attn_flops_per_token_pair: float
+    attn_flops_per_s: float
+    swap_bytes_per_s: float  # host <-> device link
+    host_tier: bool  # evicted prefixes go to CPU memory (else they are dropped)
+
+    def step_s(self, new_tokens: int, context_tokens: int, attn_pairs: float = 0.0) -> float:
+        """One forward step over `new_tokens` tokens reading `context_tokens` of KV.
+
+        T = sqrt(Tm^2 + (Tc*N)^2) + lm_head + KV read + prefill attention + overhead.
+        """
+        dense = math.hypot(self.tm_s, self.tc_s_per_token * new_tokens)
+        kv_read = context_tokens * self.kv_bytes_per_token / self.hbm_bytes_per_s
+        attn = attn_pairs * self.attn_flops_per_token_pair / self.attn_flops_per_s
+        return dense + self.lm_head_s + kv_read + attn + self.overhead_s
+
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        """A decode step for `batch` requests whose KV totals `context_tokens`."""
+        return self.step_s(batch, context_tokens)
+
+    def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
+        """Prefill of `new_tokens` uncached tokens after `cached_tokens` reused ones."""
+        if new_tokens <= 0:
+            return 0.0
+        pairs = new_tokens * (cached_tokens + new_tokens / 2)
+        return self.step_s(new_tokens, 0, pairs)
+
+    def swap_s(self, tokens: int) -> float:
+        """Moving `tokens` of KV over the host link (either direction)."""
+        return tokens * self.kv_bytes_per_token / self.swap_bytes_per_s
+
+    def request_service_s(self, prefix: int, input_tokens: int, output_tokens: int,
+                          prefix_cached: bool = True) -> float:
+        """Batch-1 service estimate for one request (used for profiles and lower bounds)."""
+        uncached = input_tokens + (0 if prefix_cached else prefix)
+        cached = prefix if prefix_cached else 0
+        ctx = prefix + input_tokens + output_tokens / 2
+        return self.prefill_s(uncached, cached) + output_tokens * self.decode_step_s(1, int(ctx))
+
+
+def available_profiles() -> tuple[str, ...]:
+    return tuple(sorted(p.stem for p in _PROFILE_DIR.glob("*.yaml")))
+
+
+def _coerce(key: str, kind: str, value: Any, path: Path) -> Any:
+    # PyYAML reads `1.5e12` (no sign in the exponent) as a string: coerce by field type.
+    try:
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
+        return {"int": int, "float": float, "str": str}[kind](value)
+    except (ValueError, TypeError, KeyError):
+        raise ConfigError(f"{path}: field '{key}' must be {kind}, got {value!r}") from None
+
+
+def load_profile(name_or_path: str | Path = DEFAULT_PROFILE, **overrides: Any) -> Profile:
+    """Load a built-in profile by name or a YAML file by path; `overrides` replace fields."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = _PROFILE_DIR / f"{name_or_path}.yaml"
+        if not path.exists():
+            raise ConfigError(
+                f"unknown profile '{name_or_path}' (built-in: {', '.join(available_profiles())})"
+            )
+    if not path.exists():
+        raise ConfigError(f"profile file not found: {path}")
+    data = yaml.safe_load(path.read_text())
+    fields = {f.name: f.type for f in dataclasses.fields(Profile)}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping")
+    unknown = sorted(set(data) - set(fields))
+    missing = sorted(set(fields) - set(data))
+    if unknown or missing:
+        raise ConfigError(f"{path}: unknown fields {unknown}, missing fields {missing}")
+    profile = Profile(**{k: _coerce(k, fields[k], v, path) for k, v in data.items()})
+    bad = sorted(set(overrides) - set(fields))
+    if bad:
+        raise ConfigError(f"unknown profile field '{bad[0]}'")
+    return replace(profile, **overrides) if overrides else profile

@@ -1,0 +1,59 @@
+"""Scheduling policies: small swappable classes behind one registry.
+
+A policy is any object with `name: str` and `decide(snapshot) -> Decision`. It may keep
+learned state (e.g. Topas's service profiles, folded in from `snapshot.events`), but it never
+mutates the engine: engines apply the returned Decision.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import ConfigError
+from ..snapshot import Decision, Snapshot
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: str
+
+    def decide(self, snap: Snapshot) -> Decision: ...
+
+
+# name -> "module:factory". Factories take keyword options (strings from the CLI are
+# converted by the policy's own config class) and return a fresh Policy.
+_REGISTRY: dict[str, str] = {
+    "fcfs": "topas_agents.policies.baselines:FCFS",
+    "lpm": "topas_agents.policies.baselines:LPM",
+    "parrot": "topas_agents.policies.baselines:ParrotFCFS",
+    "las": "topas_agents.policies.baselines:AutellixLAS",
+    "spf": "topas_agents.policies.baselines:SPF",
+    "topas": "topas_agents.policies.topas:make_topas",
+    "topas-base": "topas_agents.policies.topas:make_topas_base",
+    "topas-noreuse": "topas_agents.policies.topas:make_topas_noreuse",
+    "topas-noaging": "topas_agents.policies.topas:make_topas_noaging",
+}
+
+BASELINES: tuple[str, ...] = ("fcfs", "lpm", "parrot", "las", "spf")
+
+
+def available_policies() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def register_policy(name: str, target: str) -> None:
+    """Register `module:factory` under `name` (plugins and tests may add policies)."""
+    if ":" not in target:
+        raise ConfigError(f"policy target must be 'module:factory', got {target!r}")
+    _REGISTRY[name] = target
+
+
+def make_policy(name: str, options: Mapping[str, Any] | None = None) -> Policy:
+    """Build a fresh policy instance by registered name."""
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown policy '{name}' (known: {', '.join(_REGISTRY)})")
+    module, attr = _REGISTRY[name].split(":")
+    factory = getattr(importlib.import_module(module), attr)
+    return factory(**dict(options or {}))
