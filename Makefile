@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 SGL_VENV := .venv-sglang
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test install lint pytest test-sglang clean
+.PHONY: run test install lint pytest test-sglang test-openai-compat clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,7 +30,18 @@ lint: install
 pytest: install
 	$(BIN)/python -m pytest -q -m "not sglang"
 
-test: lint pytest test-sglang
+test: lint pytest test-openai-compat test-sglang
+
+# The client wrapper must work with openai 1.x (metagpt's pin, in .venv), 2.x and 3.x.
+OPENAI_MAJORS := 2 3
+test-openai-compat:
+	@for v in $(OPENAI_MAJORS); do \
+	  d=.venv-openai$$v; \
+	  [ -x $$d/bin/python ] || $(PY) -m venv $$d; \
+	  $$d/bin/pip install -q "openai==$$v.*" tenacity pyyaml pytest pytest-asyncio && \
+	  $$d/bin/pip install -q --no-deps -e . && \
+	  $$d/bin/python -m pytest -q -p no:cacheprovider tests/test_openai_client.py || exit 1; \
+	done
 
 # Real SGLang (CPU import only) lives in its own venv: its pins clash with metagpt's.
 $(SGL_VENV)/.installed: pyproject.toml
@@ -43,4 +54,4 @@ test-sglang: $(SGL_VENV)/.installed
 	$(SGL_VENV)/bin/python -m pytest -q -m sglang
 
 clean:
-	rm -rf $(VENV) $(SGL_VENV) build *.egg-info
+	rm -rf $(VENV) $(SGL_VENV) .venv-openai* build *.egg-info

@@ -1,0 +1,136 @@
+"""Label every call of an `openai` client (sync or async) through its official seams.
+
+    from openai import OpenAI
+    from topas_agents import label
+    from topas_agents.integrations.openai_client import labelled
+
+    client = labelled(OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="x"))
+    with label(task_id="t1", stage="plan", agent="planner"):
+        client.chat.completions.create(model="m", messages=[...])
+
+The label in force (`topas_agents.label`, contextvars) is added to `extra_body["topas"]` and
+as `X-Topas-*` `extra_headers`; caller dicts are copied, never mutated. Calls are retried
+with tenacity on connection errors, timeouts and 5xx answers, never on 4xx. The inner
+client's own retries are switched off (`with_options(max_retries=0)`) so there is exactly one
+retry policy. Works with openai 1.x, 2.x and 3.x (only `extra_body`, `extra_headers`,
+`with_options` and the exception classes are used, all stable across those majors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+from tenacity import (
+    AsyncRetrying,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from topas_agents.labels import BODY_KEY, Label, current_label
+
+
+@dataclass(frozen=True, slots=True)
+class RetryConfig:
+    attempts: int = 4
+    wait_min_s: float = 0.2
+    wait_max_s: float = 4.0
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Connection problems, timeouts and 5xx are transient; 4xx are the caller's to fix."""
+    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code >= 500
+    return False
+
+
+def with_label(kwargs: Mapping[str, Any], lab: Label | None) -> dict[str, Any]:
+    """A copy of `kwargs` whose extra_body/extra_headers carry `lab` (caller dicts untouched)."""
+    out = dict(kwargs)
+    if lab is None:
+        return out
+    body = dict(out.get("extra_body") or {})
+    body.setdefault(BODY_KEY, lab.to_body())  # an explicit per-call label wins
+    out["extra_body"] = body
+    headers = dict(out.get("extra_headers") or {})
+    for key, value in lab.to_headers().items():
+        headers.setdefault(key, value)
+    out["extra_headers"] = headers
+    return out
+
+
+class _Endpoint:
+    """Wraps one `create` endpoint (chat.completions or completions)."""
+
+    def __init__(self, target: Any, retry: RetryConfig, is_async: bool,
+                 label_fn: Callable[[], Label | None]) -> None:
+        self._target = target
+        self._retry = retry
+        self._async = is_async
+        self._label_fn = label_fn
+
+    def _retrying_kwargs(self) -> dict[str, Any]:
+        r = self._retry
+        return {
+            "stop": stop_after_attempt(r.attempts),
+            "wait": wait_exponential(min=r.wait_min_s, max=r.wait_max_s),
+            "retry": retry_if_exception(is_retryable),
+            "reraise": True,
+        }
+
+    def create(self, **kwargs: Any) -> Any:
+        call_kwargs = with_label(kwargs, self._label_fn())
+        if self._async:
+            return self._acreate(call_kwargs)
+        for attempt in Retrying(**self._retrying_kwargs()):
+            with attempt:
+                return self._target.create(**call_kwargs)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _acreate(self, call_kwargs: dict[str, Any]) -> Any:
+        async for attempt in AsyncRetrying(**self._retrying_kwargs()):
+            with attempt:
+                return await self._target.create(**call_kwargs)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+class _Namespace:
+    def __init__(self, **attrs: Any) -> None:
+        self.__dict__.update(attrs)
+
+
+class LabelledClient:
+    """A thin proxy over an `openai.OpenAI` / `openai.AsyncOpenAI` client."""
+
+    def __init__(self, client: Any, retry: RetryConfig | None = None,
+                 label_fn: Callable[[], Label | None] = current_label) -> None:
+        is_async = isinstance(client, openai.AsyncOpenAI)
+        if not is_async and not isinstance(client, openai.OpenAI):
+            raise TypeError(f"expected openai.OpenAI or openai.AsyncOpenAI, got {type(client).__name__}")
+        retry = retry or RetryConfig()
+        inner = client.with_options(max_retries=0)
+        self._client = client
+        self.chat = _Namespace(completions=_Endpoint(inner.chat.completions, retry, is_async, label_fn))
+        self.completions = _Endpoint(inner.completions, retry, is_async, label_fn)
+
+    @property
+    def raw(self) -> Any:
+        """The wrapped client (unlabelled calls)."""
+        return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def labelled(client: Any, retry: RetryConfig | None = None) -> LabelledClient:
+    """Wrap `client` so every chat/completions call carries the current Topas label."""
+    return LabelledClient(client, retry)

@@ -1,0 +1,153 @@
+"""The openai client wrapper against a real loopback HTTP server that records requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import openai
+import pytest
+
+from topas_agents import label
+from topas_agents.integrations.openai_client import RetryConfig, labelled, with_label
+
+FAST_RETRY = RetryConfig(attempts=3, wait_min_s=0.01, wait_max_s=0.02)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.requests: list[tuple[dict, dict]] = []  # (headers, body)
+        self.statuses: list[int] = []  # statuses to answer next (then 200)
+        self.lock = threading.Lock()
+
+
+def _completion(body: dict) -> dict:
+    text = "ok"
+    return {
+        "id": "cmpl-1", "object": "chat.completion", "created": 0, "model": body.get("model", "m"),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+def _handler(rec: Recorder) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with rec.lock:
+                rec.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                status = rec.statuses.pop(0) if rec.statuses else 200
+            payload = _completion(body) if status == 200 else {"error": {"message": f"status {status}"}}
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    return Handler
+
+
+@pytest.fixture()
+def server() -> Iterator[tuple[str, Recorder]]:
+    rec = Recorder()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(rec))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", rec
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def test_label_goes_in_body_and_headers_without_mutating_caller_dicts(server):
+    url, rec = server
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    extra_body = {"keep": 1}
+    extra_headers = {"X-Custom": "y"}
+    with label(task_id="t1", stage="plan", agent="planner", workflow="chain3"):
+        client.chat.completions.create(model="m", messages=MSG, extra_body=extra_body,
+                                       extra_headers=extra_headers)
+    assert extra_body == {"keep": 1} and extra_headers == {"X-Custom": "y"}
+    headers, body = rec.requests[-1]
+    assert body["topas"] == {"task_id": "t1", "stage": "plan", "agent": "planner", "workflow": "chain3"}
+    assert body["keep"] == 1
+    assert headers["x-topas-task-id"] == "t1" and headers["x-topas-agent"] == "planner"
+    assert headers["x-custom"] == "y"
+
+
+def test_unlabelled_call_carries_no_label(server):
+    url, rec = server
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    client.completions.create(model="m", prompt="hello")
+    headers, body = rec.requests[-1]
+    assert "topas" not in body and "x-topas-task-id" not in headers
+
+
+def test_nested_label_inherits_and_overrides():
+    with label(task_id="t9", agent="a", stage="s1"), label(stage="s2") as inner:
+        assert (inner.task_id, inner.stage, inner.agent) == ("t9", "s2", "a")
+        assert with_label({}, inner)["extra_body"]["topas"]["stage"] == "s2"
+
+
+def test_explicit_per_call_label_wins():
+    with label(task_id="t", stage="s", agent="a") as current:
+        out = with_label({"extra_body": {"topas": {"task_id": "mine", "stage": "x", "agent": "y"}}}, current)
+    assert out["extra_body"]["topas"]["task_id"] == "mine"
+
+
+def test_retries_5xx_then_succeeds(server):
+    url, rec = server
+    rec.statuses = [503, 500]
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    with label(task_id="t", stage="s", agent="a"):
+        out = client.chat.completions.create(model="m", messages=MSG)
+    assert out.choices[0].message.content == "ok"
+    assert len(rec.requests) == 3
+
+
+def test_never_retries_4xx(server):
+    url, rec = server
+    rec.statuses = [400]
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="m", messages=MSG)
+    assert len(rec.requests) == 1
+
+
+def test_connection_error_retried_then_raised():
+    client = labelled(openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x", timeout=1.0), FAST_RETRY)
+    with pytest.raises(openai.APIConnectionError):
+        client.chat.completions.create(model="m", messages=MSG)
+
+
+async def test_async_labels_are_isolated_between_tasks(server):
+    url, rec = server
+    client = labelled(openai.AsyncOpenAI(base_url=url, api_key="x"), FAST_RETRY)
+
+    async def one(i: int) -> None:
+        with label(task_id=f"task-{i}", stage=f"stage-{i}", agent=f"agent-{i % 3}"):
+            await asyncio.sleep(0.001 * (5 - i))
+            await client.chat.completions.create(model="m", messages=MSG)
+
+    await asyncio.gather(*(one(i) for i in range(5)))
+    seen = {body["topas"]["task_id"]: body["topas"] for _, body in rec.requests}
+    assert set(seen) == {f"task-{i}" for i in range(5)}
+    for i in range(5):
+        assert seen[f"task-{i}"]["stage"] == f"stage-{i}"
+        assert seen[f"task-{i}"]["agent"] == f"agent-{i % 3}"
+
+
+def test_rejects_non_openai_client():
+    with pytest.raises(TypeError):
+        labelled(object())
