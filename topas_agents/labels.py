@@ -64,7 +64,8 @@ def _text(data: Mapping[str, Any], key: str, required: bool) -> str | None:
 def _prefix_tokens(value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, str) and value.strip().isdigit():
+    # ASCII digits only: str.isdigit() accepts e.g. '²', which int() then rejects
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise LabelError("prefix_tokens", f"must be an integer >= 0, got {value!r}")
@@ -123,10 +124,7 @@ def label(task_id: str | None = None, stage: str | None = None, agent: str | Non
     given = {"task_id": task_id, "stage": stage, "agent": agent, "workflow": workflow,
              "prefix_tokens": prefix_tokens}
     given = {k: v for k, v in given.items() if v is not None}
-    if outer is not None:
-        new = replace(outer, **given)
-    else:
-        new = label_from_mapping(given)
+    new = replace(outer, **given) if outer is not None else label_from_mapping(given)
     label_from_mapping(new.to_body())  # validate the merged label
     token = _CURRENT.set(new)
     try:

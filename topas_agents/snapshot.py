@@ -177,7 +177,8 @@ def check_decision(snap: Snapshot, decision: Decision) -> None:
         raise DecisionError(f"unknown prefixes: {bad}")
     preempted = set(decision.preempt)
     still_running = {r.agent for r in snap.running if r.rid not in preempted}
-    admitted_agents = {r.agent for r in snap.waiting if r.rid in set(decision.admit)}
+    admit_set = set(decision.admit)
+    admitted_agents = {r.agent for r in snap.waiting if r.rid in admit_set}
     if pinned := sorted(set(decision.prefix_out) & (still_running | admitted_agents)):
         raise DecisionError(f"prefix_out of prefixes in use by running/admitted requests: {pinned}")
     used = kv_after(snap, decision)

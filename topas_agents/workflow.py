@@ -17,6 +17,7 @@ input/output sizes are sampled independently from the task's seeded RNG.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -160,7 +161,8 @@ def _name(value: Any, where: str) -> str:
 def _check_keys(obj: Any, allowed: set[str], required: set[str], where: str) -> dict:
     if not isinstance(obj, dict):
         raise WorkflowError(f"{where}: expected a mapping, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - allowed)
+    # YAML keys may be non-strings (`1: x`); compare as text so sorting never fails.
+    unknown = sorted(str(k) for k in obj if k not in allowed)
     if unknown:
         raise WorkflowError(f"{where}: unknown field '{unknown[0]}'")
     missing = sorted(required - set(obj))
@@ -192,9 +194,12 @@ def _parse_stage(obj: Any, i: int, agents: set[str]) -> StageSpec:
         after = [after]
     if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
         raise WorkflowError(f"{where}.after: expected a list of stage names, got {after!r}")
+    if len(set(after)) != len(after):
+        dup = next(a for a in after if after.count(a) > 1)
+        raise WorkflowError(f"{where}.after: stage '{dup}' listed twice")
     wait = obj.get("tool_wait_s", 0.0)
-    if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
-        raise WorkflowError(f"{where}.tool_wait_s: expected a number >= 0, got {wait!r}")
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not (0 <= wait < math.inf):
+        raise WorkflowError(f"{where}.tool_wait_s: expected a finite number >= 0, got {wait!r}")
     return StageSpec(
         name=name,
         agent=agent,
@@ -256,11 +261,13 @@ def _parse_workflow(data: Any) -> Workflow:
     _topo_sort(stages)  # raises on cycles
     loads = data.get("loads", (0.3, 0.6, 0.9))
     if not isinstance(loads, list | tuple) or not loads or not all(
-        isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in loads
+        isinstance(x, int | float) and not isinstance(x, bool) and 0 < x < math.inf for x in loads
     ):
         raise WorkflowError(f"loads: expected a non-empty list of positive numbers, got {loads!r}")
     desc = data.get("description", "")
-    return Workflow(name, agents, stages, tuple(float(x) for x in loads), str(desc))
+    if not isinstance(desc, str):
+        raise WorkflowError(f"description: expected a string, got {type(desc).__name__}")
+    return Workflow(name, agents, stages, tuple(float(x) for x in loads), desc)
 
 
 def builtin_workflow_dir() -> Path:
@@ -284,7 +291,11 @@ def load_workflow(name_or_path: str | Path) -> Workflow:
     if not path.exists():
         raise WorkflowError(f"workflow file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:  # a directory, no permission, binary file
+        raise WorkflowError(f"cannot read workflow file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

@@ -1,0 +1,72 @@
+"""Helpers shared by `topas run` and `topas eval` (argument groups, output). No MetaGPT
+import here: the commands call `prepare_metagpt` before importing the runner."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from topas_agents.errors import ConfigError
+
+DEFAULT_TIME_SCALE = 50.0
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    """Server, MetaGPT and output options shared by `topas run` and `topas eval`."""
+    p.add_argument("--server", metavar="URL", default=None,
+                   help="an OpenAI-compatible base URL (…/v1); default: an embedded simulator in-process")
+    p.add_argument("--time-scale", type=positive_float, default=DEFAULT_TIME_SCALE,
+                   help=f"embedded server: simulated seconds per wall second (default {DEFAULT_TIME_SCALE:g})")
+    p.add_argument("--profile", default=None, help="embedded server: cost profile name or YAML")
+    p.add_argument("--kv-budget", type=positive_int, default=None, help="embedded server: KV budget (tokens)")
+    p.add_argument("--seed", type=int, default=0, help="seed (arrivals, simulated output lengths)")
+    p.add_argument("--root", default=".topas/metagpt",
+                   help="MetaGPT root: config, logs and workspace/<project>/ artifacts (default .topas/metagpt)")
+    p.add_argument("--model", default=None, help="model name sent to the server (default topas-sim)")
+    p.add_argument("--no-restructure", action="store_true",
+                   help="keep MetaGPT's stock prompt layout (static text after the context)")
+    p.add_argument("--parse-retries", type=positive_int, default=None, metavar="N",
+                   help="MetaGPT retries of unparsable replies (default: MetaGPT's 6, with waits)")
+    p.add_argument("--json", metavar="OUT", help="write the results as JSON")
+    p.add_argument("--verbose", action="store_true", help="show MetaGPT's log (INFO) on stderr")
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """MetaGPT prints (e.g. 'no mermaid') to stdout; keep stdout for our JSON."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+def write_json(path: str, data: Any) -> None:
+    try:
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    except OSError as exc:
+        raise ConfigError(f"--json {path}: cannot write: {exc.strerror or exc}") from None

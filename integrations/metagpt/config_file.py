@@ -1,0 +1,94 @@
+"""Write or patch MetaGPT's `config2.yaml` under a project root (never anywhere else).
+
+MetaGPT 0.8.2 reads `<METAGPT_PROJECT_ROOT>/config/config2.yaml` at import time and refuses
+to import without an `llm:` section. `write_config` creates that file or patches only the
+`llm` keys it is given, keeping every other key (and other `llm` keys) as they were.
+No MetaGPT import here.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from topas_agents.errors import ConfigError
+
+DEFAULT_ROOT = Path(".topas/metagpt")
+DEFAULT_MODEL = "topas-sim"
+# MetaGPT's LLMConfig rejects an empty key; local servers ignore it.
+DEFAULT_API_KEY = "sk-topas-local"
+
+
+def config_path(root: str | Path) -> Path:
+    return Path(root) / "config" / "config2.yaml"
+
+
+def read_config(root: str | Path) -> dict[str, Any]:
+    """The config mapping under `root` ({} when there is no file)."""
+    path = config_path(root)
+    if not path.exists():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _check_url(base_url: str) -> str:
+    if not base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"--base-url must start with http:// or https://, got {base_url!r}")
+    return base_url.rstrip("/")
+
+
+def write_config(root: str | Path, base_url: str, model: str | None = None,
+                 api_key: str | None = None) -> Path:
+    """Create or patch `<root>/config/config2.yaml`; returns its path.
+
+    Patched: `llm.api_type` (openai), `llm.base_url`, and `llm.model` / `llm.api_key` when
+    given (or when missing: defaults). A new `llm` section also gets `stream: false`."""
+    path = config_path(root)
+    data = read_config(root)
+    llm = data.get("llm")
+    if llm is not None and not isinstance(llm, dict):
+        raise ConfigError(f"{path}: 'llm' must be a mapping, got {type(llm).__name__}")
+    new_section = llm is None
+    llm = dict(llm or {})
+    llm["api_type"] = "openai"
+    llm["base_url"] = _check_url(base_url)
+    if model is not None or "model" not in llm:
+        llm["model"] = model or DEFAULT_MODEL
+    if api_key is not None or "api_key" not in llm:
+        llm["api_key"] = api_key or DEFAULT_API_KEY
+    if new_section:
+        llm["stream"] = False
+    data["llm"] = llm
+    _atomic_write(path, yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def ensure_config(root: str | Path, base_url: str = "http://127.0.0.1:8000/v1") -> Path:
+    """Make sure an importable config exists (written only if there is none)."""
+    path = config_path(root)
+    if not path.exists() or not isinstance(read_config(root).get("llm"), dict):
+        write_config(root, base_url)
+    return path
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".config2.", suffix=".tmp")
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -1,0 +1,58 @@
+"""`metagpt_context(...)`: a fresh MetaGPT `Context` per run (needs MetaGPT imported).
+
+MetaGPT mutates the run's Config (`project_path`) and deletes an existing project directory
+of the same name, so every run gets its own Config, its own workspace directory and a
+unique project name. Streaming is off (MetaGPT's default streams and prints every chunk),
+and cost accounting is off (an unknown model only produces warnings).
+"""
+
+from __future__ import annotations
+
+from .environment import require_prepared
+
+require_prepared(__name__)  # before any metagpt import
+# ruff: noqa: E402
+
+import re
+import uuid
+from pathlib import Path
+
+from metagpt.config2 import Config
+from metagpt.configs.llm_config import LLMConfig
+from metagpt.configs.workspace_config import WorkspaceConfig
+from metagpt.context import Context
+
+from .config_file import DEFAULT_API_KEY, DEFAULT_MODEL
+
+
+def project_name_for(task_id: str) -> str:
+    """A unique, importable project name (MetaGPT makes it the source package name)."""
+    slug = re.sub(r"\W+", "_", task_id).strip("_").lower() or "task"
+    if slug[0].isdigit():
+        slug = f"t_{slug}"
+    return f"{slug}_{uuid.uuid4().hex[:6]}"
+
+
+def llm_config(base_url: str, *, model: str = DEFAULT_MODEL, api_key: str = DEFAULT_API_KEY,
+               max_tokens: int = 4096, timeout_s: int = 600) -> LLMConfig:
+    return LLMConfig(api_type="openai", base_url=base_url, api_key=api_key, model=model, stream=False,
+                     max_token=max_tokens, timeout=timeout_s, calc_usage=False)
+
+
+def metagpt_context(base_url: str, root: str | Path, project_name: str | None = None, *,
+                    model: str = DEFAULT_MODEL, api_key: str = DEFAULT_API_KEY, max_tokens: int = 4096,
+                    timeout_s: int = 600, code_review_k_times: int = 2,
+                    context_cls: type[Context] = Context) -> Context:
+    """A new Context whose workspace is `<root>/workspace/<project_name>/` (artifacts in
+    `<that>/<project_name>/`). `project_name` defaults to a fresh unique one."""
+    name = project_name or project_name_for("topas")
+    workspace = Path(root).resolve() / "workspace" / name
+    config = Config(llm=llm_config(base_url, model=model, api_key=api_key, max_tokens=max_tokens,
+                                   timeout_s=timeout_s),
+                    workspace=WorkspaceConfig(path=workspace), project_name=name,
+                    code_review_k_times=code_review_k_times)
+    return context_cls(config=config)
+
+
+def artifacts_dir(ctx: Context) -> Path:
+    return Path(ctx.config.workspace.path) / ctx.config.project_name

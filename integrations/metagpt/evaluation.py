@@ -1,0 +1,189 @@
+"""SoftwareDev evaluation: Poisson arrivals of the dataset's prompts, one MetaGPT Team run
+per task, against the embedded simulator once per policy (or one external server).
+
+Rate units: tasks per simulated second on the embedded server (arrival offsets are divided
+by `time_scale` to get wall time), tasks per wall second against `--server`. JCT is the
+server's (`/v1/topas/stats`, simulated seconds) when it reports one, else the client's
+(first call submitted -> last call done, recorder clock). Failed tasks are counted and
+excluded from the JCT statistics.
+"""
+
+from __future__ import annotations
+
+from .environment import require_prepared
+
+require_prepared(__name__)  # before any metagpt import
+# ruff: noqa: E402
+
+import dataclasses
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from topas_agents.errors import ConfigError
+
+from .config_file import DEFAULT_ROOT
+from .recorder import CallRecord, CallRecorder, scaled_clock
+from .runner import (
+    RunOptions,
+    TaskResult,
+    TaskSpec,
+    WorkflowKind,
+    attach_server_view,
+    label_workflow,
+    run_tasks,
+)
+from .server_api import embedded_server, fetch_stats, register_workflow
+from .softwaredev import SoftwareDevPrompt
+
+EXTERNAL = "external"
+
+
+@dataclass(frozen=True, slots=True)
+class EvalConfig:
+    workflow: WorkflowKind = "sop"
+    rate: float = 0.02  # tasks per simulated second (embedded) / wall second (--server)
+    policies: tuple[str, ...] = ("fcfs", "topas")
+    tasks: int = 11  # prompts are cycled when more tasks than prompts
+    server: str | None = None  # external OpenAI base URL; None: embedded simulator per policy
+    time_scale: float = 50.0
+    profile: str | None = None
+    kv_budget: int | None = None
+    seed: int = 0
+    root: Path = DEFAULT_ROOT
+    restructure: bool = True
+    parse_retries: int | None = 2
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.rate > 0 and math.isfinite(self.rate)):
+            raise ConfigError(f"--rate must be a positive number, got {self.rate}")
+        if self.tasks < 1:
+            raise ConfigError(f"--tasks must be >= 1, got {self.tasks}")
+        if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
+            raise ConfigError(f"--time-scale must be a positive number, got {self.time_scale}")
+
+
+def make_specs(prompts: Sequence[SoftwareDevPrompt], n: int) -> list[TaskSpec]:
+    """`n` tasks over the prompts in order, cycling (ids stay unique)."""
+    if not prompts:
+        raise ConfigError("no prompts")
+    out = []
+    for i in range(n):
+        p = prompts[i % len(prompts)]
+        suffix = "" if i < len(prompts) else f"r{i // len(prompts)}"
+        out.append(TaskSpec(f"{p.task_id}{suffix}", p.prompt, p.name))
+    return out
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """Arrival times (first at 0) of a Poisson process at `rate`, seeded."""
+    rng = random.Random(seed)
+    times, now = [], 0.0
+    for i in range(n):
+        if i:
+            now += rng.expovariate(rate)
+        times.append(now)
+    return times
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]  # nearest rank
+
+
+def client_jct(records: Sequence[CallRecord]) -> float | None:
+    return (max(r.t_done for r in records) - min(r.t_submit for r in records)) if records else None
+
+
+def summarize(results: Sequence[TaskResult]) -> dict[str, Any]:
+    ok = [r for r in results if r.success]
+    jcts = [r.jct_s for r in ok if r.jct_s is not None]
+    return {"tasks": len(results), "succeeded": len(ok), "failed": len(results) - len(ok),
+            "mean_jct_s": sum(jcts) / len(jcts) if jcts else None, "p99_jct_s": _quantile(jcts, 0.99),
+            "calls": sum(r.calls for r in results),
+            "mean_wall_s": sum(r.wall_s for r in results) / len(results) if results else None}
+
+
+async def _run_policy(policy: str, url: str, config: EvalConfig, specs: list[TaskSpec], arrivals: list[float],
+                      clock_scale: float, on_done: Callable[[TaskResult], None]) -> tuple[list[TaskResult],
+                                                                                         CallRecorder]:
+    wf = label_workflow(config.workflow)
+    register_workflow(url, wf)
+    recorder = CallRecorder(scaled_clock(clock_scale))
+    options = RunOptions(base_url=url, workflow=config.workflow, root=config.root,
+                         restructure=config.restructure, send_max_tokens=config.server is not None,
+                         parse_retries=config.parse_retries, **({"model": config.model} if config.model else {}))
+    results = await run_tasks(specs, options, recorder, arrivals_s=[a / clock_scale for a in arrivals],
+                              on_done=on_done)
+    results = attach_server_view(results, fetch_stats(url))
+    fixed = []
+    for r in results:  # no server JCT (external server without stats): the client's
+        if r.jct_s is None:
+            r = dataclasses.replace(r, jct_s=client_jct(recorder.for_task(r.task_id)))
+        fixed.append(r)
+    return fixed, recorder
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="task", file=sys.stderr, leave=False, dynamic_ncols=True)
+
+
+async def evaluate(config: EvalConfig, prompts: Sequence[SoftwareDevPrompt], *, progress: bool = False,
+                   trace_dir: Path | None = None) -> dict[str, Any]:
+    """Run every policy; returns the JSON document (`summary` per policy + per-task rows)."""
+    specs = make_specs(prompts, config.tasks)
+    arrivals = poisson_arrivals(len(specs), config.rate, config.seed)
+    policies = config.policies if config.server is None else (EXTERNAL,)
+    bar = _progress(len(specs) * len(policies), progress)
+    out: dict[str, Any] = {"workflow": label_workflow(config.workflow).name, "rate": config.rate,
+                           "tasks": len(specs), "time_scale": config.time_scale if config.server is None else None,
+                           "server": config.server or "embedded", "seed": config.seed, "policies": {}}
+    try:
+        for policy in policies:
+            if bar is not None:
+                bar.set_description(policy)
+            done = (lambda r: bar.update(1)) if bar is not None else (lambda r: None)
+            t0 = time.monotonic()
+            if config.server is None:
+                with embedded_server(policy=policy, time_scale=config.time_scale, profile=config.profile,
+                                     kv_budget=config.kv_budget, seed=config.seed) as handle:
+                    results, recorder = await _run_policy(policy, handle.url, config, specs, arrivals,
+                                                          config.time_scale, done)
+            else:
+                results, recorder = await _run_policy(policy, config.server, config, specs, arrivals, 1.0, done)
+            if trace_dir is not None:
+                from .recorder import save_trace
+
+                save_trace(trace_dir / f"{policy}.jsonl", recorder.records)
+            out["policies"][policy] = {"summary": {**summarize(results), "wall_s": round(time.monotonic() - t0, 2)},
+                                       "results": [r.to_json() for r in results]}
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
+
+
+def format_table(doc: dict[str, Any]) -> str:
+    def num(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1f}"
+
+    unit = "sim s" if doc.get("time_scale") else "s"
+    head = f"{'policy':<10} {'tasks':>5} {'ok':>4} {'mean JCT':>10} {'p99 JCT':>10} {'calls':>6}  ({unit})"
+    rows = [head, "-" * len(head)]
+    for policy, entry in doc["policies"].items():
+        s = entry["summary"]
+        rows.append(f"{policy:<10} {s['tasks']:>5} {s['succeeded']:>4} {num(s['mean_jct_s']):>10} "
+                    f"{num(s['p99_jct_s']):>10} {s['calls']:>6}")
+    return "\n".join(rows)

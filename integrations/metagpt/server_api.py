@@ -1,0 +1,109 @@
+"""Talking to a Topas server: the embedded simulator, or any OpenAI-compatible URL.
+
+Only the `/v1/topas/*` extension endpoints are used here (stats, workflow registration,
+task done). A server without them (plain vLLM/SGLang) still works: registration and
+"done" notifications are skipped with a warning, and stats are reported as unavailable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import yaml
+
+from topas_agents.errors import ConfigError
+from topas_agents.workflow import Workflow
+
+log = logging.getLogger("topas.metagpt")
+TIMEOUT_S = 10.0
+
+
+def server_root(base_url: str) -> str:
+    """`http://h:p/v1` -> `http://h:p` (the /v1/topas/* paths hang off the root)."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def workflow_mapping(wf: Workflow) -> dict[str, Any]:
+    """The YAML mapping of `wf` (inverse of `parse_workflow`)."""
+
+    def rng(r: Any) -> int | list[int]:
+        return r.lo if r.lo == r.hi else [r.lo, r.hi]
+
+    return {
+        "name": wf.name,
+        "description": wf.description,
+        "loads": list(wf.loads),
+        "agents": [{"name": a.name, "prefix_tokens": a.prefix_tokens} for a in wf.agents],
+        "stages": [{"name": s.name, "agent": s.agent, "after": list(s.after), "requests": rng(s.requests),
+                    "input_tokens": rng(s.input_tokens), "output_tokens": rng(s.output_tokens),
+                    "tool_wait_s": s.tool_wait_s} for s in wf.stages],
+    }
+
+
+def register_workflow(base_url: str, wf: Workflow) -> bool:
+    """POST the workflow to the server; False (with a warning) if the server cannot."""
+    url = f"{server_root(base_url)}/v1/topas/workflows"
+    try:
+        rsp = httpx.post(url, content=yaml.safe_dump(workflow_mapping(wf), sort_keys=False), timeout=TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        log.warning("could not register workflow %s at %s: %s", wf.name, url, exc)
+        return False
+    if rsp.status_code >= 400:
+        log.warning("server refused workflow %s (%s): %s", wf.name, rsp.status_code, rsp.text[:300])
+        return False
+    return True
+
+
+async def notify_task_done(base_url: str, task_id: str) -> bool:
+    """POST /v1/topas/tasks/{id}/done (the task's JCT ends at its last call)."""
+    url = f"{server_root(base_url)}/v1/topas/tasks/{task_id}/done"
+    try:
+        async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
+            rsp = await client.post(url)
+    except httpx.HTTPError as exc:
+        log.warning("task-done notification for %s failed: %s", task_id, exc)
+        return False
+    if rsp.status_code >= 400 and rsp.status_code != 404:
+        log.warning("task-done for %s: HTTP %s %s", task_id, rsp.status_code, rsp.text[:200])
+    return rsp.status_code < 400
+
+
+def fetch_stats(base_url: str, calls: int | None = None) -> dict[str, Any] | None:
+    """GET /v1/topas/stats, or None if the server has no such endpoint."""
+    params = {"calls": calls} if calls is not None else None
+    try:
+        rsp = httpx.get(f"{server_root(base_url)}/v1/topas/stats", params=params, timeout=TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        log.warning("cannot fetch stats: %s", exc)
+        return None
+    if rsp.status_code != 200:
+        return None
+    return rsp.json()
+
+
+@contextlib.contextmanager
+def embedded_server(*, policy: str = "topas", time_scale: float = 20.0, profile: str | None = None,
+                    responder: str = "echo", kv_budget: int | None = None, seed: int = 0) -> Iterator[Any]:
+    """The embedded OpenAI-compatible simulator in a background thread (a ServerHandle)."""
+    from topas_agents.server.config import ServerConfig
+    from topas_agents.server.runner import start_server_in_thread
+
+    kwargs: dict[str, Any] = {"policy": policy, "time_scale": time_scale, "responder": responder,
+                              "kv_budget": kv_budget, "seed": seed, "port": 0,
+                              "task_idle_timeout_s": 0.0}
+    if profile is not None:
+        kwargs["profile"] = profile
+    try:
+        config = ServerConfig(**kwargs)
+    except TypeError as exc:  # a ServerConfig without one of these knobs
+        raise ConfigError(f"embedded server: {exc}") from None
+    handle = start_server_in_thread(config)
+    try:
+        yield handle
+    finally:
+        handle.stop()

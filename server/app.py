@@ -1,0 +1,253 @@
+"""The FastAPI application: OpenAI-compatible endpoints plus /v1/topas/* and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .api_errors import ApiError, bad_request, shutting_down
+from .calls import Call
+from .config import ServerConfig
+from .labelling import resolve_label
+from .metrics import CONTENT_TYPE, render_metrics
+from .openai_format import DONE, ChunkWriter, full_response, sse
+from .protocol import ParsedCall, parse_chat, parse_completion
+from .responders import Responder, make_responder
+from .service import EngineFactory, SimService
+from .stats import build_stats
+from .workflows import WorkflowRegistry
+
+log = logging.getLogger("topas.server")
+
+
+class RequestCounter:
+    """Pure ASGI middleware counting responses by route and status (streaming-safe)."""
+
+    def __init__(self, app: Any, service: SimService) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_status(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            endpoint = getattr(route, "path", None) or "other"
+            self.service.requests[(endpoint, status)] += 1
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}") from None
+
+
+async def _wait_over(call: Call) -> None:
+    while not call.over:
+        await call.wait_change(call.generated)
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _finished_or_gone(call: Call, request: Request) -> bool:
+    """Wait for the call to end; False if the client went away first."""
+    done = asyncio.ensure_future(_wait_over(call))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        done.cancel()
+        gone.cancel()
+    return call.over
+
+
+async def _stream(svc: SimService, call: Call, writer: ChunkWriter) -> AsyncIterator[bytes]:
+    try:
+        first = writer.start()
+        if first:
+            yield first
+        sent = ""
+        while True:
+            seen = call.generated
+            text = call.text_upto(seen) if call.error is None else sent
+            if len(text) > len(sent):
+                yield writer.text(text[len(sent):])
+                sent = text
+            if call.error is not None:
+                yield sse(call.error.body())
+                yield DONE
+                return
+            if call.finished and len(sent) == len(call.text):
+                break
+            await call.wait_change(seen)
+        yield writer.finish()
+        if writer.include_usage:
+            yield writer.usage()
+        yield DONE
+    finally:  # client gone (generator cancelled/closed) before the end: free its KV
+        svc.cancel_soon(call)
+
+
+class _CallStream(StreamingResponse):
+    """A streamed call that is cancelled in the engine if the response ends early for any
+    reason, including a disconnect before the first chunk."""
+
+    def __init__(self, content: AsyncIterator[bytes], svc: SimService, call: Call) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._svc = svc
+        self._call = call
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._svc.cancel_soon(self._call)
+
+
+def build_app(config: ServerConfig, *, responder: Responder | None = None,
+              engine_factory: EngineFactory | None = None) -> FastAPI:
+    """The app for `config`. `responder`/`engine_factory` override the configured ones
+    (integrations plug in their responder; tests use a fake engine)."""
+    registry = WorkflowRegistry()
+    for name in config.workflows:
+        registry.load(name)
+    if engine_factory is None:
+        from .engine_factory import sim_engine_factory
+
+        engine_factory = sim_engine_factory
+    svc = SimService(config, registry, responder or make_responder(config), engine_factory)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        svc.start()
+        try:
+            yield
+        finally:
+            await svc.stop()
+
+    app = FastAPI(title="topas-agents simulated engine", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = svc
+    app.add_middleware(RequestCounter, service=svc)
+    _add_error_handlers(app)
+    _add_openai_routes(app, svc)
+    _add_topas_routes(app, svc)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        err = ApiError(exc.status_code, str(exc.detail))
+        return JSONResponse(err.body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        err = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type_="server_error")
+        return JSONResponse(err.body(), status_code=500)
+
+
+def _add_openai_routes(app: FastAPI, svc: SimService) -> None:
+    cfg = svc.config
+
+    async def complete(request: Request, kind: str, endpoint: str) -> Response:
+        if svc.draining:
+            raise shutting_down()
+        body = await _json_body(request)
+        parsed: ParsedCall = parse_chat(body) if kind == "chat" else parse_completion(body)
+        rid = svc.new_rid(kind)
+        lab = resolve_label(body, request.headers, parsed, svc.registry, rid)
+        call = await svc.submit(rid, parsed, lab, endpoint)
+        model = parsed.model or cfg.model_name
+        if parsed.stream:
+            writer = ChunkWriter(kind, call, model, parsed.include_usage)
+            return _CallStream(_stream(svc, call, writer), svc, call)
+        try:
+            if not await _finished_or_gone(call, request):
+                return Response(status_code=499)  # nobody is listening
+        finally:
+            svc.cancel_soon(call)  # no-op once the call is over
+        if call.error is not None:
+            raise call.error
+        return JSONResponse(full_response(kind, call, model))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await complete(request, "chat", "/v1/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await complete(request, "completion", "/v1/completions")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "topas-agents"}]}
+
+
+def _add_topas_routes(app: FastAPI, svc: SimService) -> None:
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        status = svc.status
+        body = {"status": status, "engine": svc.config.engine, "in_flight": len(svc.calls)}
+        if svc.loop.failure is not None:
+            body["error"] = str(svc.loop.failure)
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+    @app.get("/v1/topas/stats")
+    async def stats(calls: int | None = None) -> dict[str, Any]:
+        return await svc.in_engine(lambda: build_stats(svc, calls))
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        text = await svc.in_engine(lambda: render_metrics(svc))
+        return PlainTextResponse(text, media_type=CONTENT_TYPE)
+
+    @app.get("/v1/topas/workflows")
+    async def list_workflows() -> dict[str, Any]:
+        return {"workflows": svc.registry.names()}
+
+    @app.post("/v1/topas/workflows")
+    async def add_workflow(request: Request) -> JSONResponse:
+        raw = (await request.body()).decode("utf-8", errors="replace")
+        wf, new = svc.registry.add_text(raw)
+        return JSONResponse({"name": wf.name, "created": new, "stages": [s.name for s in wf.stages],
+                             "agents": {a.name: a.prefix_tokens for a in wf.agents}},
+                            status_code=201 if new else 200)
+
+    @app.post("/v1/topas/tasks/{task_id}/stages/{stage}/done")
+    async def stage_done(task_id: str, stage: str) -> dict[str, Any]:
+        return await svc.stage_done(task_id, stage)
+
+    @app.post("/v1/topas/tasks/{task_id}/done")
+    async def task_done(task_id: str) -> dict[str, Any]:
+        return await svc.task_done(task_id)

@@ -1,0 +1,33 @@
+"""Builds the simulated engine for `--engine sim` from a ServerConfig."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from ..costmodel import load_profile
+from ..policies import make_policy
+from ..workflow import Workflow
+from .config import ServerConfig
+from .engine_loop import EngineLike
+
+
+def sim_engine_factory(config: ServerConfig,
+                       workflows: Mapping[str, Workflow]) -> tuple[EngineLike, Callable[..., Any]]:
+    """A `SimEngine` on the configured profile and policy, plus its request type.
+
+    `workflows` is the server's live registry mapping: workflows registered later over HTTP
+    become visible to the engine (and its policy) without a restart.
+    """
+    from topas_agents.sim import EngineRequest, SimEngine
+
+    profile = load_profile(config.profile)
+    policy = make_policy(config.policy, dict(config.policy_options))
+    engine = SimEngine(profile, policy, kv_budget=config.kv_budget, workflows=workflows,
+                       max_jump_s=config.max_jump_s)
+    # SimEngine keeps a copy of `workflows`; give it a read-only live view instead so that
+    # policies see workflows registered over HTTP after start (prefixes of their agents are
+    # created on first use by SimEngine.submit).
+    engine.workflows = MappingProxyType(workflows)  # type: ignore[misc]
+    return engine, EngineRequest

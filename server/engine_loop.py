@@ -1,0 +1,175 @@
+"""Drives an engine in wall-clock time from one asyncio task.
+
+The engine's clock follows `now_sim = sim0 + (wall - wall0) * time_scale`. The loop advances
+the engine to the current target, runs queued commands (closures over the engine: submit,
+cancel, stats...), then sleeps until the engine's next event or a new command. Everything
+that touches the engine runs inside this one task, so there are no races; callbacks fired
+during `advance` only record results, and follow-up engine calls happen after `advance`
+returns (the `after_advance` hook).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from .api_errors import ApiError
+
+log = logging.getLogger("topas.server")
+T = TypeVar("T")
+
+
+class EngineLike(Protocol):
+    """The online API of `topas_agents.sim.SimEngine` that the server uses."""
+
+    now: float
+    on_token: Callable[[str, int], None] | None
+    on_finish: Callable[[str, float], None] | None
+
+    def submit(self, req: Any) -> None: ...
+    def cancel(self, rid: str) -> bool: ...
+    def stage_done(self, task_id: str, stage: str) -> None: ...
+    def task_done(self, task_id: str) -> None: ...
+    def next_event_time(self) -> float | None: ...
+    def advance(self, until: float) -> None: ...
+    def stats(self) -> Any: ...
+    def snapshot(self) -> Any: ...
+
+
+class EngineLoop:
+    def __init__(self, engine: EngineLike, time_scale: float, *,
+                 after_advance: Callable[[], None] = lambda: None,
+                 periodic: Callable[[float], None] = lambda wall: None,
+                 on_failure: Callable[[BaseException], None] = lambda exc: None,
+                 max_sleep_s: float = 0.25) -> None:
+        self.engine = engine
+        self.time_scale = time_scale
+        self._after_advance = after_advance
+        self._periodic = periodic
+        self._on_failure = on_failure
+        self._max_sleep_s = max_sleep_s
+        self._cmds: collections.deque[tuple[Callable[[], Any], asyncio.Future | None]] = collections.deque()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task | None = None
+        self._wall0 = 0.0
+        self._sim0 = 0.0
+        self.failure: BaseException | None = None
+
+    # ------------------------------------------------------------------ control
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._wall0, self._sim0 = loop.time(), self.engine.now
+        self._task = asyncio.create_task(self._run(), name="topas-engine-loop")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+
+    def target_now(self) -> float:
+        """The simulated time that corresponds to the wall clock now."""
+        return self._sim0 + (asyncio.get_running_loop().time() - self._wall0) * self.time_scale
+
+    # ------------------------------------------------------------------ commands
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn()` inside the engine task (after advancing to now); returns its result."""
+        if self._stopping:
+            raise ApiError(503, "engine is stopped")
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._cmds.append((fn, fut))
+        self._wake.set()
+        return await fut
+
+    def call_soon(self, fn: Callable[[], Any]) -> None:
+        """Queue `fn()` without waiting (safe from cancelled tasks and finally blocks)."""
+        self._cmds.append((fn, None))
+        self._wake.set()
+
+    # ------------------------------------------------------------------ loop
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_periodic = loop.time()
+        while True:
+            self._advance()
+            self._run_commands()
+            if self._stopping and not self._cmds:
+                break
+            wall = loop.time()
+            if wall - last_periodic >= self._max_sleep_s:
+                last_periodic = wall
+                self._guarded(lambda w=wall: self._periodic(w))
+            await self._sleep(self._sleep_s())
+        self._fail_pending(ApiError(503, "engine stopped"))
+
+    def _advance(self) -> None:
+        if self.failure is not None:
+            return
+        try:
+            self.engine.advance(max(self.target_now(), self.engine.now))
+        except Exception as exc:  # an engine or policy bug: fail loudly, keep serving errors
+            log.exception("engine failed")
+            self.failure = exc
+            self._guarded(lambda e=exc: self._on_failure(e))
+        self._guarded(self._after_advance)
+
+    def _run_commands(self) -> None:
+        for _ in range(len(self._cmds)):
+            fn, fut = self._cmds.popleft()
+            if fut is not None and fut.done():  # the caller went away
+                continue
+            try:
+                if self.failure is not None and fut is not None:
+                    raise ApiError(503, f"engine failed: {self.failure}")
+                result = fn()
+            except Exception as exc:
+                if fut is None:
+                    log.exception("engine command failed")
+                else:
+                    fut.set_exception(exc)
+            else:
+                if fut is not None:
+                    fut.set_result(result)
+
+    def _sleep_s(self) -> float:
+        if self._cmds or self._stopping:
+            return 0.0
+        if self.failure is not None:
+            return self._max_sleep_s
+        nxt = self.engine.next_event_time()
+        if nxt is None:
+            return self._max_sleep_s
+        wait = (nxt - self.target_now()) / self.time_scale
+        # never spin: an event due now that advance() left pending gets 1 ms
+        return min(self._max_sleep_s, max(wait, 0.001))
+
+    async def _sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        self._wake.clear()
+        if self._cmds:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    def _fail_pending(self, err: Exception) -> None:
+        while self._cmds:
+            _, fut = self._cmds.popleft()
+            if fut is not None and not fut.done():
+                fut.set_exception(err)
+
+    @staticmethod
+    def _guarded(fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("engine-loop hook failed")

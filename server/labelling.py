@@ -1,0 +1,82 @@
+"""From a request to its resolved label: task, stage, agent, workflow and agent-prefix size.
+
+The label itself is exactly `topas_agents.labels.parse_label` (body key `topas` wins over the
+X-Topas-* headers). On top of it the server checks the label against registered workflows
+and resolves the agent's prefix size: label `prefix_tokens`, else the registered workflow's
+agent prefix, else the tokens of the leading system message(s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import LabelError
+from ..labels import BODY_KEY, Label, parse_label
+from ..workflow import Workflow
+from .api_errors import bad_request, from_label_error
+from .protocol import ParsedCall
+from .workflows import WorkflowRegistry
+
+UNLABELLED_STAGE = "default"
+UNLABELLED_AGENT = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedLabel:
+    label: Label | None
+    source: Literal["body", "headers", "none"]
+    task_id: str
+    stage: str
+    agent: str
+    workflow: Workflow | None  # registered workflow, else None (a DAG the engine cannot see)
+    workflow_name: str | None  # as labelled
+    prefix_tokens: int
+    prefix_source: Literal["label", "workflow", "system", "unlabelled"]
+
+    @property
+    def labelled(self) -> bool:
+        return self.label is not None
+
+
+def _check_workflow(lab: Label, registry: WorkflowRegistry) -> Workflow | None:
+    if lab.workflow is None:
+        return None
+    wf = registry.get(lab.workflow)
+    if wf is None:
+        if registry:
+            raise bad_request(f"topas label field 'workflow': unknown workflow '{lab.workflow}' "
+                              f"(registered: {', '.join(registry.names())})", f"{BODY_KEY}.workflow")
+        return None  # nothing registered: served as a workflow-less task
+    if not wf.has_stage(lab.stage):
+        raise bad_request(f"topas label field 'stage': workflow '{wf.name}' has no stage '{lab.stage}'",
+                          f"{BODY_KEY}.stage")
+    expected = wf.stage(lab.stage).agent
+    if lab.agent != expected:
+        raise bad_request(f"topas label field 'agent': stage '{lab.stage}' of workflow '{wf.name}' is run "
+                          f"by agent '{expected}', got '{lab.agent}'", f"{BODY_KEY}.agent")
+    return wf
+
+
+def resolve_label(body: Mapping[str, Any], headers: Mapping[str, str], call: ParsedCall,
+                  registry: WorkflowRegistry, rid: str) -> ResolvedLabel:
+    """Raises ApiError(400) naming `topas.<field>` for a malformed or inconsistent label."""
+    try:
+        lab = parse_label(body, headers)
+    except LabelError as exc:
+        raise from_label_error(exc) from None
+    if lab is None:
+        # each unlabelled call is its own one-stage task; its prompt is all dynamic input
+        return ResolvedLabel(None, "none", f"untagged-{rid}", UNLABELLED_STAGE, UNLABELLED_AGENT,
+                             None, None, 0, "unlabelled")
+    source: Literal["body", "headers"] = "body" if body.get(BODY_KEY) is not None else "headers"
+    wf = _check_workflow(lab, registry)
+    if lab.prefix_tokens is not None:
+        prefix, prefix_source = lab.prefix_tokens, "label"
+    elif wf is not None:
+        prefix, prefix_source = wf.prefix_tokens(lab.agent), "workflow"
+    else:
+        prefix, prefix_source = call.system_tokens, "system"
+    return ResolvedLabel(lab, source, lab.task_id, lab.stage, lab.agent, wf, lab.workflow, prefix,
+                         prefix_source)  # type: ignore[arg-type]

@@ -1,0 +1,159 @@
+"""Parsing and validating OpenAI request bodies (chat completions and completions).
+
+Only what the simulator needs is interpreted: the prompt text (token counts, responder
+input), `max_tokens`, `n` (must be 1), `stream` and `stream_options.include_usage`.
+Sampling parameters are accepted and ignored. Errors are `ApiError(400)` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from . import tokens
+from .api_errors import bad_request
+
+CallKind = Literal["chat", "completion"]
+_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedCall:
+    kind: CallKind
+    model: str | None
+    messages: tuple[Message, ...]  # a completion's prompt is one "user" message
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    prompt_tokens: int  # whole prompt, framing included (chat)
+    system_tokens: int  # leading system messages: the default agent-prefix estimate
+
+    @property
+    def last_user(self) -> str:
+        for m in reversed(self.messages):
+            if m.role == "user":
+                return m.content
+        return self.messages[-1].content if self.messages else ""
+
+    @property
+    def full_text(self) -> str:
+        return "\n".join(m.content for m in self.messages)
+
+
+def _content_text(content: Any, i: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+                raise bad_request(f"messages[{i}].content[{j}] must be an object with a 'type'",
+                                  f"messages[{i}].content")
+            if part["type"] == "text":
+                if not isinstance(part.get("text"), str):
+                    raise bad_request(f"messages[{i}].content[{j}].text must be a string",
+                                      f"messages[{i}].content")
+                parts.append(part["text"])
+        return "".join(parts)
+    raise bad_request(f"messages[{i}].content must be a string or a list of parts", f"messages[{i}].content")
+
+
+def _messages(body: Mapping[str, Any]) -> tuple[Message, ...]:
+    raw = body.get("messages")
+    if raw is None:
+        raise bad_request("'messages' is required", "messages")
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("'messages' must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, Mapping):
+            raise bad_request(f"messages[{i}] must be an object", f"messages[{i}]")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise bad_request(f"messages[{i}].role must be one of {sorted(_ROLES)}, got {role!r}",
+                              f"messages[{i}].role")
+        out.append(Message(role, _content_text(m.get("content"), i)))
+    return tuple(out)
+
+
+def _prompt(body: Mapping[str, Any]) -> tuple[str, int | None]:
+    """A completion's prompt text, plus its token count when given as token ids."""
+    raw = body.get("prompt")
+    if raw is None:
+        raise bad_request("'prompt' is required", "prompt")
+    if isinstance(raw, str):
+        return raw, None
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+        return raw[0], None
+    if isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        return "", len(raw)
+    raise bad_request("'prompt' must be a string, a list of one string, or a list of token ids", "prompt")
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad_request(f"'{key}' must be an integer >= 1, got {value!r}", key)
+        return value
+    return None
+
+
+def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise bad_request(f"'stream' must be a boolean, got {stream!r}", "stream")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, Mapping):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    usage = options.get("include_usage", False)
+    if not isinstance(usage, bool):
+        raise bad_request("'stream_options.include_usage' must be a boolean", "stream_options.include_usage")
+    return stream, usage
+
+
+def _common(body: Any) -> tuple[str | None, int | None, bool, bool]:
+    if not isinstance(body, Mapping):
+        raise bad_request("request body must be a JSON object")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise bad_request(f"only n=1 is supported, got {n!r}", "n")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    return (model, _max_tokens(body), *_stream_flags(body))
+
+
+def parse_chat(body: Any) -> ParsedCall:
+    model, max_tokens, stream, usage = _common(body)
+    messages = _messages(body)
+    leading = []
+    for m in messages:
+        if m.role not in ("system", "developer"):
+            break
+        leading.append(m.content)
+    system = sum(tokens.message_tokens(c) for c in leading)
+    prompt = tokens.chat_tokens(m.content for m in messages)
+    return ParsedCall("chat", model, messages, max_tokens, stream, usage, prompt, system)
+
+
+def parse_completion(body: Any) -> ParsedCall:
+    model, max_tokens, stream, usage = _common(body)
+    text, given = _prompt(body)
+    prompt = given if given is not None else max(1, tokens.count_tokens(text))
+    return ParsedCall("completion", model, (Message("user", text),), max_tokens, stream, usage, prompt, 0)

@@ -1,0 +1,247 @@
+"""Responders decide the TEXT of a simulated response (the engine decides its timing).
+
+- `echo` (default): a strategy table of rules, first match wins (see `DEFAULT_ECHO_RULES`):
+  `content_block` returns a prompt's MetaGPT format example (`[CONTENT]...[/CONTENT]`),
+  `code` returns a fenced python program when code is asked for, `summary` echoes a short
+  summary of the last user message. Extend it with `EchoResponder().with_rule(...)` and
+  `register_responder(name, factory)`.
+- `lorem`: lorem ipsum of the requested length (max_tokens, else the stage's output
+  profile, else 64 tokens).
+- `replay`: recorded responses from a JSONL file, matched by (stage, agent, round), else
+  handed out in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ..errors import ConfigError
+from .config import ServerConfig
+from .protocol import Message
+from .tokens import truncate
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseContext:
+    kind: str  # "chat" | "completion"
+    messages: tuple[Message, ...]
+    last_user: str
+    task_id: str
+    stage: str
+    agent: str
+    round: int
+    labelled: bool
+    target_tokens: int | None  # length hint: max_tokens, else the stage profile, else None
+
+    @property
+    def full_text(self) -> str:
+        return "\n".join(m.content for m in self.messages)
+
+
+class Responder(Protocol):
+    name: str
+
+    def respond(self, ctx: ResponseContext) -> str: ...
+
+
+EchoRule = Callable[[ResponseContext], "str | None"]
+
+# ---------------------------------------------------------------------------- echo rules
+
+_FORMAT_EXAMPLE = re.compile(r"##\s*format example\s*\n\s*\[CONTENT\](.*?)\[/CONTENT\]", re.S | re.I)
+_ANY_BLOCK = re.compile(r"\[CONTENT\](.*?)\[/CONTENT\]", re.S)
+_CODE_ASK = re.compile(r"```python|\bwrite\s+(?:the\s+)?code\b", re.I)
+_CODE_FILE = re.compile(r"##\s*Code:\s*([\w./-]+\.py)")
+
+SAMPLE_PROGRAM = '''\
+def main() -> None:
+    """Entry point of the generated program."""
+    print("hello from the topas simulated engine")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def content_block_rule(ctx: ResponseContext) -> str | None:
+    """MetaGPT ActionNode prompts: '## format example\\n[CONTENT]\\n{json}\\n[/CONTENT]'."""
+    for text in (ctx.last_user, ctx.full_text):
+        found = _FORMAT_EXAMPLE.findall(text) or _ANY_BLOCK.findall(text)
+        if found:
+            return f"[CONTENT]\n{found[-1].strip()}\n[/CONTENT]"
+    return None
+
+
+def code_rule(ctx: ResponseContext) -> str | None:
+    text = ctx.full_text
+    if not _CODE_ASK.search(text):
+        return None
+    files = _CODE_FILE.findall(text)
+    header = f"# {files[-1]}\n" if files else ""
+    return f"```python\n{header}{SAMPLE_PROGRAM}```\n"
+
+
+def summary_rule(ctx: ResponseContext, max_words: int = 30) -> str:
+    words = ctx.last_user.split()
+    summary = " ".join(words[:max_words]) + (" ..." if len(words) > max_words else "")
+    return f"Echo: {summary}" if summary else "Echo: (empty prompt)"
+
+
+# MetaGPT 0.8.2 prompts that are not ActionNode ones (added by the MetaGPT integration;
+# each answer is the minimal reply MetaGPT's parser accepts, see docs/integrations.md).
+_MG_REVIEW = "ONLY ANSWER LGTM/LBTM"  # WriteCodeReview's instruction (not in its rewrite prompt)
+_MG_IS_PASS = "otherwise, answer 'YES'"  # Engineer._is_pass
+_MG_SUMMARIZE = "## Code Review All: Please read all historical files"  # SummarizeCode
+_MG_RUN_CODE = "NoOne OR Engineer OR QaEngineer"  # RunCode's summary of a test run
+_MG_THINK = "Just answer a number between 0-"  # Role._think with several actions
+
+
+def metagpt_rule(ctx: ResponseContext) -> str | None:
+    text = ctx.full_text
+    if _MG_REVIEW in text:
+        files = re.findall(r"## Code to be Reviewed:\s*(\S+)", text)
+        name = files[-1] if files else "the file"
+        return (f"## Code Review: {name}\n1. Yes.\n2. Yes.\n3. Yes.\n4. Yes.\n5. Yes.\n6. Yes.\n\n"
+                "## Actions\npass\n\n## Code Review Result\nLGTM")
+    if _MG_IS_PASS in text:
+        return "YES"
+    if _MG_SUMMARIZE in text:
+        return "## Code Review All\nNo bugs found.\n\n## Summary\nAll files are implemented.\n\n## TODOs\n{}"
+    if _MG_RUN_CODE in text:
+        return ("---\n## instruction:\nNo errors.\n## File To Rewrite:\nNone\n## Status:\nPASS\n"
+                "## Send To:\nNoOne\n---")
+    if _MG_THINK in text:
+        return "0"
+    return None
+
+
+DEFAULT_ECHO_RULES: tuple[tuple[str, EchoRule], ...] = (
+    ("content_block", content_block_rule),
+    ("metagpt", metagpt_rule),
+    ("code", code_rule),
+    ("summary", summary_rule),
+)
+
+
+class EchoResponder:
+    name = "echo"
+
+    def __init__(self, rules: tuple[tuple[str, EchoRule], ...] = DEFAULT_ECHO_RULES) -> None:
+        self.rules = rules
+
+    def with_rule(self, name: str, rule: EchoRule, before: str | None = None) -> EchoResponder:
+        """A new EchoResponder with `rule` inserted before rule `before` (None: appended
+        before the final catch-all). Rules return None to pass."""
+        names = [n for n, _ in self.rules]
+        at = names.index(before) if before in names else max(0, len(self.rules) - 1)
+        return EchoResponder(self.rules[:at] + ((name, rule),) + self.rules[at:])
+
+    def respond(self, ctx: ResponseContext) -> str:
+        for _, rule in self.rules:
+            out = rule(ctx)
+            if out is not None:
+                return out
+        return ""
+
+
+# ---------------------------------------------------------------------------- lorem
+
+_LOREM = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do",
+          "eiusmod", "tempor", "incididunt", "ut", "labore", "et", "dolore", "magna", "aliqua")
+
+
+class LoremResponder:
+    name = "lorem"
+
+    def __init__(self, default_tokens: int = 64) -> None:
+        self.default_tokens = default_tokens
+
+    def respond(self, ctx: ResponseContext) -> str:
+        target = ctx.target_tokens or self.default_tokens
+        # every word is at least one token, so `target` words always suffice
+        words = [_LOREM[(ctx.round + k) % len(_LOREM)] for k in range(target)]
+        return truncate(" ".join(words), target)
+
+
+# ---------------------------------------------------------------------------- replay
+
+
+class ReplayResponder:
+    """Lines: {"content": str, "stage"?: str, "agent"?: str, "round"?: int}. A call takes
+    the next unused record with its (stage, agent, round), else the next in file order;
+    both cycle when exhausted."""
+
+    name = "replay"
+
+    def __init__(self, records: list[dict]) -> None:
+        if not records:
+            raise ConfigError("replay file has no records")
+        self.records = records
+        self._by_key: dict[tuple, list[int]] = {}
+        for i, r in enumerate(records):
+            self._by_key.setdefault((r.get("stage"), r.get("agent"), r.get("round")), []).append(i)
+        self._key_pos: dict[tuple, int] = {}
+        self._pos = 0
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ReplayResponder:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"replay file not found: {path}")
+        records = []
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{n}: invalid JSON: {exc.msg}") from None
+            if not isinstance(rec, dict) or not isinstance(rec.get("content"), str):
+                raise ConfigError(f"{path}:{n}: each line needs a string 'content'")
+            if rec.get("round") is not None and (isinstance(rec["round"], bool) or not isinstance(rec["round"], int)):
+                raise ConfigError(f"{path}:{n}: 'round' must be an integer")
+            records.append(rec)
+        return cls(records)
+
+    def respond(self, ctx: ResponseContext) -> str:
+        key = (ctx.stage, ctx.agent, ctx.round)
+        if key in self._by_key:
+            idx = self._by_key[key]
+            pos = self._key_pos.get(key, 0)
+            self._key_pos[key] = pos + 1
+            return self.records[idx[pos % len(idx)]]["content"]
+        rec = self.records[self._pos % len(self.records)]
+        self._pos += 1
+        return rec["content"]
+
+
+# ---------------------------------------------------------------------------- registry
+
+ResponderFactory = Callable[[ServerConfig], Responder]
+
+_RESPONDERS: dict[str, ResponderFactory] = {
+    "echo": lambda cfg: EchoResponder(),
+    "lorem": lambda cfg: LoremResponder(),
+    "replay": lambda cfg: ReplayResponder.from_file(cfg.replay_file or ""),
+}
+
+
+def available_responders() -> tuple[str, ...]:
+    return tuple(_RESPONDERS)
+
+
+def register_responder(name: str, factory: ResponderFactory) -> None:
+    """Make `--responder NAME` build `factory(config)` (integrations add their own)."""
+    _RESPONDERS[name] = factory
+
+
+def make_responder(config: ServerConfig) -> Responder:
+    if config.responder not in _RESPONDERS:
+        raise ConfigError(f"unknown responder '{config.responder}' (known: {', '.join(_RESPONDERS)})")
+    return _RESPONDERS[config.responder](config)

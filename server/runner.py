@@ -1,0 +1,110 @@
+"""Running the server: blocking (`topas serve`) or in a background thread (tests, MetaGPT).
+
+Shutdown is graceful: new calls get 503 while in-flight ones get `drain_timeout_s` to finish;
+the rest fail with a 503 error (an SSE error event when streaming). Only then does uvicorn
+stop listening.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+from ..errors import TopasError
+from .app import build_app
+from .config import ServerConfig
+from .responders import Responder
+from .service import EngineFactory, SimService
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn.Server that drains the simulator's in-flight calls before closing."""
+
+    def __init__(self, config: uvicorn.Config, service: SimService, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self._service = service
+        self._drain_timeout_s = drain_timeout_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self._service.drain(self._drain_timeout_s)
+        await super().shutdown(sockets)
+
+
+def _uvicorn_config(app: Any, config: ServerConfig, **kw: Any) -> uvicorn.Config:
+    return uvicorn.Config(app, log_level=config.log_level, access_log=False, lifespan="on",
+                          timeout_graceful_shutdown=max(1, int(config.drain_timeout_s) + 1),
+                          backlog=4096, **kw)
+
+
+def run_server(config: ServerConfig, *, responder: Responder | None = None,
+               engine_factory: EngineFactory | None = None) -> int:
+    """Serve until SIGINT/SIGTERM (blocking)."""
+    app = build_app(config, responder=responder, engine_factory=engine_factory)
+    server = _DrainingServer(_uvicorn_config(app, config, host=config.host, port=config.port),
+                             app.state.service, config.drain_timeout_s)
+    print(f"topas: serving {config.model_name} on http://{config.host}:{config.port}/v1 "
+          f"(engine sim, policy {config.policy}, time scale {config.time_scale:g})", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
+        server.run()
+    return 0
+
+
+@dataclass
+class ServerHandle:
+    """A server running in a background thread. `url` is the OpenAI base URL (…/v1)."""
+
+    url: str
+    base_url: str
+    config: ServerConfig
+    app: Any
+    _server: _DrainingServer = field(repr=False)
+    _thread: threading.Thread = field(repr=False)
+
+    @property
+    def service(self) -> SimService:
+        return self.app.state.service
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Graceful shutdown (drain, then close); returns once the thread has exited."""
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._server.force_exit = True
+            self._thread.join(5.0)
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_server_in_thread(config: ServerConfig | None = None, *, responder: Responder | None = None,
+                           engine_factory: EngineFactory | None = None,
+                           startup_timeout_s: float = 30.0) -> ServerHandle:
+    """Start the server on a free loopback port (`config.port` is ignored) in a daemon thread."""
+    config = config or ServerConfig()
+    app = build_app(config, responder=responder, engine_factory=engine_factory)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, 0))
+    host, port = sock.getsockname()[:2]
+    server = _DrainingServer(_uvicorn_config(app, config, log_config=None), app.state.service,
+                             config.drain_timeout_s)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"topas-server-{port}",
+                              daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise TopasError(f"embedded server failed to start on {host}:{port}")
+        time.sleep(0.01)
+    base = f"http://{host}:{port}"
+    return ServerHandle(f"{base}/v1", base, config, app, server, thread)

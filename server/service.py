@@ -1,0 +1,238 @@
+"""The serving core: admits calls into the engine, tracks tasks, streams progress back.
+
+`SimService` owns the engine loop and everything only the engine task may touch (tracker,
+in-flight calls, records). HTTP handlers call its async methods; each runs as one command
+inside the engine task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..errors import TopasError
+from ..workflow import Workflow
+from .api_errors import ApiError, bad_request, shutting_down
+from .calls import Call, CallRecord
+from .config import ServerConfig
+from .engine_loop import EngineLike, EngineLoop
+from .labelling import ResolvedLabel
+from .protocol import ParsedCall
+from .responders import Responder, ResponseContext
+from .tasks import Action, StageDoneAction, TaskTracker
+from .tokens import count_tokens, truncate
+from .workflows import WorkflowRegistry
+
+log = logging.getLogger("topas.server")
+
+# (config, workflows) -> (engine, EngineRequest-like constructor taking keyword fields)
+EngineFactory = Callable[[ServerConfig, Mapping[str, Workflow]], tuple[EngineLike, Callable[..., Any]]]
+
+
+class SimService:
+    def __init__(self, config: ServerConfig, registry: WorkflowRegistry, responder: Responder,
+                 engine_factory: EngineFactory) -> None:
+        self.config = config
+        self.registry = registry
+        self.responder = responder
+        self.engine, self._make_request = engine_factory(config, registry.mapping)
+        self.engine.on_token = self._on_token
+        self.engine.on_finish = self._on_finish
+        self.loop = EngineLoop(self.engine, config.time_scale, after_advance=self._after_advance,
+                               periodic=self._periodic, on_failure=self._on_failure)
+        self.tracker = TaskTracker(config.task_idle_timeout_s, config.max_task_history)
+        self.calls: dict[str, Call] = {}  # in flight
+        self.records: collections.deque[CallRecord] = collections.deque(maxlen=config.max_call_history)
+        self.requests: collections.Counter[tuple[str, int]] = collections.Counter()  # (endpoint, status)
+        self.call_status: collections.Counter[str] = collections.Counter()
+        self.draining = False
+        self._finished: list[tuple[str, float]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.loop.start()
+
+    async def stop(self) -> None:
+        await self.drain(0.0)
+        await self.loop.stop()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new calls (503), let in-flight ones finish for `timeout_s`, fail the rest."""
+        self.draining = True
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.calls and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        if self.calls:
+            err = ApiError(503, "server shut down before the request finished")
+            with contextlib.suppress(ApiError):  # the engine loop already stopped
+                await self.loop.call(lambda: self._fail_all(err, "failed"))
+
+    @property
+    def status(self) -> str:
+        if self.loop.failure is not None:
+            return "failed"
+        return "draining" if self.draining else "ok"
+
+    # ------------------------------------------------------------------ calls
+
+    @staticmethod
+    def new_rid(kind: str) -> str:
+        return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+
+    async def submit(self, rid: str, call: ParsedCall, lab: ResolvedLabel, endpoint: str) -> Call:
+        if self.draining:
+            raise shutting_down()
+        return await self.loop.call(lambda: self._submit(rid, call, lab, endpoint))
+
+    def cancel_soon(self, c: Call) -> None:
+        """Cancel an abandoned call (client gone); never blocks, safe in finally blocks."""
+        if not c.over:
+            self.loop.call_soon(lambda: self._cancel(c))
+
+    async def stage_done(self, task_id: str, stage: str) -> dict[str, Any]:
+        return await self.loop.call(lambda: self._explicit(task_id, stage))
+
+    async def task_done(self, task_id: str) -> dict[str, Any]:
+        return await self.loop.call(lambda: self._explicit(task_id, None))
+
+    async def in_engine(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn()` inside the engine task (stats, metrics)."""
+        return await self.loop.call(fn)
+
+    # ------------------------------------------------------------------ engine-task side
+
+    def _length(self, call: ParsedCall, lab: ResolvedLabel, round_: int) -> tuple[int | None, bool]:
+        """(target length hint, whether it comes from the workflow stage's output profile)."""
+        if call.max_tokens is not None:
+            return call.max_tokens, False
+        if lab.workflow is not None:
+            rng = random.Random(f"{self.config.seed}:{lab.task_id}:{lab.stage}:{round_}")
+            return lab.workflow.stage(lab.stage).output_tokens.sample(rng), True
+        return None, False
+
+    def _response(self, call: ParsedCall, lab: ResolvedLabel, round_: int) -> tuple[str, int, int, str]:
+        """(text, simulated output tokens, decode reservation, finish_reason)."""
+        target, from_stage = self._length(call, lab, round_)
+        ctx = ResponseContext(call.kind, call.messages, call.last_user, lab.task_id, lab.stage, lab.agent,
+                              round_, lab.labelled, target)
+        text = self.responder.respond(ctx)
+        natural = max(1, count_tokens(text))
+        if from_stage:  # the workload decides the simulated length; the text stays whole
+            return text, target or 1, target or 1, "stop"
+        limit = call.max_tokens if call.max_tokens is not None else self.config.default_max_tokens
+        if natural > limit:
+            return truncate(text, limit), limit, call.max_tokens or limit, "length"
+        return text, natural, call.max_tokens or natural, "stop"
+
+    def _submit(self, rid: str, call: ParsedCall, lab: ResolvedLabel, endpoint: str) -> Call:
+        arrival, _ = self.tracker.check_call(lab.task_id, lab.workflow_name)
+        round_ = self.tracker.next_round(lab.task_id, lab.stage)
+        text, n_out, max_new, reason = self._response(call, lab, round_)
+        now = self.engine.now
+        input_tokens = max(1, call.prompt_tokens - lab.prefix_tokens)
+        req = self._make_request(
+            rid=rid, task_id=lab.task_id, workflow=lab.workflow.name if lab.workflow else None,
+            stage=lab.stage, agent=lab.agent, prefix_tokens=lab.prefix_tokens, input_tokens=input_tokens,
+            output_tokens=n_out, max_new_tokens=max_new, round=round_,
+            task_arrival_s=arrival if arrival is not None else now)
+        try:
+            self.engine.submit(req)
+        except TopasError as exc:  # OverBudgetError and friends: the request can never run
+            raise bad_request(str(exc), "max_tokens" if call.max_tokens else None) from None
+        actions = self.tracker.commit_call(lab.task_id, lab.stage, lab.workflow, lab.workflow_name,
+                                           not lab.labelled, now, self._wall())
+        self._apply(actions)
+        record = CallRecord(rid, endpoint, lab.label.to_body() if lab.label else None, lab.source,
+                            lab.task_id, lab.stage, lab.agent, lab.workflow_name, round_, lab.prefix_tokens,
+                            lab.prefix_source, input_tokens, n_out, max_new, now)
+        self.records.append(record)
+        c = Call(rid, record, text, n_out, reason)
+        self.calls[rid] = c
+        return c
+
+    def _cancel(self, c: Call) -> None:
+        if self.calls.pop(c.rid, None) is None:
+            return  # finished (or failed) meanwhile
+        self.engine.cancel(c.rid)
+        c.fail(ApiError(499, "client disconnected"))
+        self._end(c, "cancelled", self.engine.now)
+
+    def _end(self, c: Call, status: str, t: float) -> None:
+        c.record.status = status  # type: ignore[assignment]
+        c.record.finish_s = t
+        c.record.finish_reason = c.finish_reason if status == "ok" else status
+        self.call_status[status] += 1
+        r = c.record
+        self._apply(self.tracker.end_call(r.task_id, r.stage, status == "ok", t, self._wall()))
+
+    def _fail_all(self, err: ApiError, status: str) -> None:
+        for rid, c in list(self.calls.items()):
+            del self.calls[rid]
+            try:
+                self.engine.cancel(rid)
+            except Exception:  # a failed engine may refuse; the call is failed regardless
+                log.warning("engine.cancel(%s) failed", rid, exc_info=True)
+            c.fail(err)
+            self._end(c, status, self.engine.now)
+
+    def _explicit(self, task_id: str, stage: str | None) -> dict[str, Any]:
+        now, wall = self.engine.now, self._wall()
+        if stage is None:
+            actions = self.tracker.task_done(task_id, now, wall)
+        else:
+            actions = self.tracker.stage_done(task_id, stage, now, wall)
+        self._apply(actions)
+        from .stats import task_json
+
+        task = self.tracker.active.get(task_id) or self.tracker.finished[task_id]
+        return task_json(task)
+
+    def _apply(self, actions: list[Action]) -> None:
+        for a in actions:
+            try:
+                if isinstance(a, StageDoneAction):
+                    self.engine.stage_done(a.task_id, a.stage)
+                else:
+                    self.engine.task_done(a.task_id)
+            except TopasError as exc:
+                log.warning("engine rejected %s: %s", a, exc)
+
+    # callbacks fired inside engine.advance(): record only, follow up after it returns
+    def _on_token(self, rid: str, n_generated: int) -> None:
+        c = self.calls.get(rid)
+        if c is not None:
+            if c.record.first_token_s is None and n_generated > 0:
+                c.record.first_token_s = self.engine.now
+            c.on_token(n_generated)
+
+    def _on_finish(self, rid: str, t: float) -> None:
+        c = self.calls.get(rid)
+        if c is not None:
+            if c.record.first_token_s is None:
+                c.record.first_token_s = t
+            c.on_finish()
+            self._finished.append((rid, t))
+
+    def _after_advance(self) -> None:
+        finished, self._finished = self._finished, []
+        for rid, t in finished:
+            c = self.calls.pop(rid, None)
+            if c is not None:
+                self._end(c, "ok", t)
+
+    def _periodic(self, wall: float) -> None:
+        self._apply(self.tracker.expire_idle(self.engine.now, wall))
+
+    def _on_failure(self, exc: BaseException) -> None:
+        self._fail_all(ApiError(500, f"engine failed: {exc}", type_="server_error"), "failed")
+
+    @staticmethod
+    def _wall() -> float:
+        return asyncio.get_running_loop().time()

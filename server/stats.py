@@ -1,0 +1,98 @@
+"""`GET /v1/topas/stats`: tasks, stages, prefixes, queues, engine stats and per-call labels.
+
+Built inside the engine task (it reads the engine's snapshot and stats).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from .tasks import TaskState
+
+if TYPE_CHECKING:
+    from .service import SimService
+
+
+def task_json(task: TaskState) -> dict[str, Any]:
+    return {
+        "task_id": task.task_id,
+        "workflow": task.workflow_name,
+        "workflow_registered": task.workflow is not None,
+        "unlabelled": task.unlabelled,
+        "arrival_s": task.arrival_s,
+        "finish_s": task.finish_s,
+        "jct_s": task.jct_s,
+        "done": task.done_reason is not None,
+        "done_reason": task.done_reason,
+        "in_flight": task.in_flight,
+        "reopened": task.reopened,
+        "stages": {
+            name: {"calls": st.calls, "finished": st.finished, "in_flight": st.in_flight, "done": st.done}
+            for name, st in task.stages.items()
+        },
+    }
+
+
+def engine_stats_json(stats: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+        return dataclasses.asdict(stats)
+    if isinstance(stats, dict):
+        return dict(stats)
+    return {k: v for k, v in vars(stats).items() if not k.startswith("_")}
+
+
+def engine_view(svc: SimService) -> dict[str, Any]:
+    """Queues, batch, KV and resident prefixes, from the engine's snapshot."""
+    snap = svc.engine.snapshot()
+    return {
+        "now_s": snap.now,
+        "batch_size": len(snap.running),
+        "queues": {"waiting": len(snap.waiting), "running": len(snap.running)},
+        "kv": {"used": snap.kv_used, "budget": snap.kv_budget},
+        "prefixes": [
+            {"agent": p.agent, "tokens": p.tokens, "location": p.location, "running": p.running,
+             "last_used_s": p.last_used_s}
+            for p in snap.prefixes
+        ],
+    }
+
+
+def jct_summary(svc: SimService) -> dict[str, Any]:
+    t = svc.tracker
+    recent = sorted(t.jcts)
+
+    def q(p: float) -> float | None:
+        return recent[min(len(recent) - 1, int(p * len(recent)))] if recent else None
+
+    return {"count": t.jct_count, "sum_s": t.jct_sum, "mean_s": t.jct_sum / t.jct_count if t.jct_count else None,
+            "p50_s": q(0.5), "p90_s": q(0.9), "p99_s": q(0.99)}
+
+
+def build_stats(svc: SimService, max_calls: int | None = None) -> dict[str, Any]:
+    t = svc.tracker
+    stages: dict[str, dict[str, int]] = {}
+    for (wf, stage), n in sorted(t.stage_calls.items()):
+        stages[f"{wf}/{stage}" if wf else stage] = {"calls": n, "tasks": t.stage_tasks[(wf, stage)]}
+    records = list(svc.records)
+    if max_calls is not None:
+        records = records[-max_calls:] if max_calls > 0 else []
+    cfg = svc.config
+    return {
+        "server": {"engine": cfg.engine, "policy": cfg.policy, "profile": cfg.profile,
+                   "time_scale": cfg.time_scale, "responder": cfg.responder, "model": cfg.model_name,
+                   "status": svc.status},
+        **engine_view(svc),
+        "engine": engine_stats_json(svc.engine.stats()),
+        "workflows": svc.registry.names(),
+        "requests": {"in_flight": len(svc.calls), "calls_by_status": dict(svc.call_status),
+                     "http": [{"endpoint": e, "status": s, "count": n} for (e, s), n in sorted(svc.requests.items())]},
+        "jct": jct_summary(svc),
+        "tasks": {
+            "active": len(t.active),
+            "done": t.jct_count,
+            "items": [task_json(x) for x in list(t.active.values()) + list(t.finished.values())],
+        },
+        "stages": stages,
+        "calls": [r.to_json() for r in records],
+    }

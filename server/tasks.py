@@ -1,0 +1,252 @@
+"""Task and stage bookkeeping: which stages are done, when a task is done (pure logic).
+
+Rules (docs/server.md "Stage inference"):
+- With a registered workflow, a call for stage S implies every ancestor of S is done.
+- A workflow stage with a fixed request count `requests: k` (or a range's upper bound) is done
+  once that many of its calls have finished.
+- A stage marked done while it still has calls in flight is closed when the last one ends.
+- A task is done when: the client says so (`POST .../done`; closed once nothing is in
+  flight); or its workflow's stages are all done with nothing in flight; or it is an
+  unlabelled single call that ended; or it saw no call for `idle_timeout_s` wall seconds.
+- Without a workflow nothing is inferred: stages finish explicitly or with their task.
+
+The tracker never touches the engine: mutating methods return the engine actions to apply.
+Only the engine-loop task calls it.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..workflow import Workflow
+from .api_errors import ApiError, bad_request
+
+DoneReason = Literal["explicit", "workflow", "single", "idle"]
+
+
+@dataclass(frozen=True, slots=True)
+class StageDoneAction:
+    task_id: str
+    stage: str
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDoneAction:
+    task_id: str
+
+
+Action = StageDoneAction | TaskDoneAction
+
+
+@dataclass(slots=True)
+class StageState:
+    calls: int = 0
+    finished: int = 0
+    in_flight: int = 0
+    done: bool = False
+    closing: bool = False  # marked done while calls were in flight
+
+
+@dataclass(slots=True)
+class TaskState:
+    task_id: str
+    workflow: Workflow | None
+    workflow_name: str | None  # as labelled, registered or not
+    arrival_s: float
+    unlabelled: bool
+    last_activity_wall: float
+    stages: dict[str, StageState] = field(default_factory=dict)
+    in_flight: int = 0
+    last_finish_s: float | None = None
+    closing: bool = False  # explicit task done, waiting for in-flight calls
+    done_reason: DoneReason | None = None
+    finish_s: float | None = None
+    reopened: int = 0
+
+    @property
+    def jct_s(self) -> float | None:
+        return None if self.finish_s is None else self.finish_s - self.arrival_s
+
+    def stage(self, name: str) -> StageState:
+        if name not in self.stages:
+            self.stages[name] = StageState()
+        return self.stages[name]
+
+
+def ancestors(wf: Workflow, stage: str) -> tuple[str, ...]:
+    """All transitive predecessors of `stage`, in topological order."""
+    seen: set[str] = set()
+    todo = list(wf.stage(stage).after)
+    while todo:
+        s = todo.pop()
+        if s not in seen:
+            seen.add(s)
+            todo.extend(wf.stage(s).after)
+    return tuple(s for s in wf.topo_order if s in seen)
+
+
+class TaskTracker:
+    def __init__(self, idle_timeout_s: float, max_history: int) -> None:
+        self.idle_timeout_s = idle_timeout_s
+        self.active: dict[str, TaskState] = {}
+        self.finished: collections.OrderedDict[str, TaskState] = collections.OrderedDict()
+        self._max_history = max_history
+        self.stage_calls: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.stage_tasks: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.jcts: collections.deque[float] = collections.deque(maxlen=max_history)
+        self.jct_count = 0
+        self.jct_sum = 0.0
+
+    # ------------------------------------------------------------------ calls
+
+    def check_call(self, task_id: str, workflow_name: str | None) -> tuple[float | None, TaskState | None]:
+        """Validate a new call (no mutation): (the task's arrival if known, its state)."""
+        task = self.active.get(task_id) or self.finished.get(task_id)
+        if task is None:
+            return None, None
+        if task.closing or task.done_reason == "explicit":
+            raise ApiError(409, f"task '{task_id}' was marked done; use a new task_id", "topas.task_id")
+        if task.workflow_name != workflow_name:
+            raise bad_request(f"task '{task_id}' uses workflow {task.workflow_name!r}, got {workflow_name!r}",
+                              "topas.workflow")
+        return task.arrival_s, task
+
+    def next_round(self, task_id: str, stage: str) -> int:
+        task = self.active.get(task_id) or self.finished.get(task_id)
+        if task is None or stage not in task.stages:
+            return 0
+        return task.stages[stage].calls
+
+    def commit_call(self, task_id: str, stage: str, workflow: Workflow | None, workflow_name: str | None,
+                    unlabelled: bool, now_s: float, now_wall: float) -> list[Action]:
+        """Record a submitted call; returns the stage completions it implies."""
+        task = self.active.get(task_id)
+        if task is None:
+            task = self.finished.pop(task_id, None)
+            if task is not None:  # concluded by inference or idleness, but not done after all
+                self.jct_count -= 1
+                self.jct_sum -= task.jct_s or 0.0
+                task.done_reason, task.finish_s, task.reopened = None, None, task.reopened + 1
+            else:
+                task = TaskState(task_id, workflow, workflow_name, now_s, unlabelled, now_wall)
+            self.active[task_id] = task
+        actions: list[Action] = []
+        if workflow is not None:
+            for anc in ancestors(workflow, stage):
+                actions += self._close_stage(task, anc)
+        st = task.stage(stage)
+        key = (workflow_name or "", stage)
+        if st.calls == 0:
+            self.stage_tasks[key] += 1
+        self.stage_calls[key] += 1
+        st.calls += 1
+        st.in_flight += 1
+        task.in_flight += 1
+        task.last_activity_wall = now_wall
+        return actions
+
+    def end_call(self, task_id: str, stage: str, ok: bool, now_s: float, now_wall: float) -> list[Action]:
+        task = self.active.get(task_id)
+        if task is None:
+            return []
+        st = task.stage(stage)
+        st.in_flight -= 1
+        task.in_flight -= 1
+        st.finished += ok
+        task.last_finish_s = now_s
+        task.last_activity_wall = now_wall
+        actions: list[Action] = []
+        if st.closing and st.in_flight == 0:
+            actions += self._close_stage(task, stage)
+        wf = task.workflow
+        if wf is not None and wf.has_stage(stage) and st.finished >= wf.stage(stage).requests.hi:
+            actions += self._close_stage(task, stage)
+        if task.unlabelled and task.in_flight == 0:
+            task.closing = True
+            return actions + self._conclude(task, "single", now_s)
+        return actions + self._maybe_finish(task, now_s)
+
+    # ------------------------------------------------------------------ explicit
+
+    def _known(self, task_id: str) -> TaskState:
+        task = self.active.get(task_id) or self.finished.get(task_id)
+        if task is None:
+            raise ApiError(404, f"unknown task '{task_id}'", "task_id")
+        return task
+
+    def stage_done(self, task_id: str, stage: str, now_s: float, now_wall: float) -> list[Action]:
+        task = self._known(task_id)
+        wf = task.workflow
+        if wf is not None and not wf.has_stage(stage):
+            raise bad_request(f"workflow '{wf.name}' has no stage '{stage}'", "stage")
+        if task.task_id not in self.active:
+            return []  # already concluded: every stage is done
+        task.last_activity_wall = now_wall
+        actions: list[Action] = []
+        if wf is not None:
+            for anc in ancestors(wf, stage):
+                actions += self._close_stage(task, anc)
+        actions += self._close_stage(task, stage)
+        return actions + self._maybe_finish(task, now_s)
+
+    def task_done(self, task_id: str, now_s: float, now_wall: float) -> list[Action]:
+        task = self._known(task_id)
+        if task.task_id not in self.active:
+            task.done_reason = "explicit"  # no reopening after the client said done
+            return []
+        task.closing = True
+        task.last_activity_wall = now_wall
+        return self._maybe_finish(task, now_s)
+
+    def expire_idle(self, now_s: float, now_wall: float) -> list[Action]:
+        if self.idle_timeout_s <= 0:
+            return []
+        actions: list[Action] = []
+        for task in list(self.active.values()):
+            if task.in_flight == 0 and now_wall - task.last_activity_wall >= self.idle_timeout_s:
+                finish = task.last_finish_s if task.last_finish_s is not None else task.arrival_s
+                actions += self._conclude(task, "idle", finish)
+        return actions
+
+    # ------------------------------------------------------------------ internals
+
+    def _close_stage(self, task: TaskState, stage: str) -> list[Action]:
+        st = task.stage(stage)
+        if st.done:
+            return []
+        if st.in_flight > 0:
+            st.closing = True
+            return []
+        st.done, st.closing = True, False
+        return [StageDoneAction(task.task_id, stage)]
+
+    def _maybe_finish(self, task: TaskState, now_s: float) -> list[Action]:
+        if task.in_flight > 0:
+            return []
+        if task.closing:
+            return self._conclude(task, "explicit", now_s)
+        wf = task.workflow
+        if wf is not None and all(task.stage(s.name).done for s in wf.stages):
+            return self._conclude(task, "workflow", now_s)
+        return []
+
+    def _conclude(self, task: TaskState, reason: DoneReason, finish_s: float) -> list[Action]:
+        order = task.workflow.topo_order if task.workflow is not None else ()
+        names = [s for s in order if s in task.stages] + [s for s in task.stages if s not in order]
+        actions: list[Action] = []
+        for name in names:
+            st = task.stages[name]
+            if not st.done and st.calls > 0:
+                actions.append(StageDoneAction(task.task_id, name))
+            st.done, st.closing = True, False
+        task.done_reason, task.finish_s, task.closing = reason, finish_s, False
+        del self.active[task.task_id]
+        self.finished[task.task_id] = task
+        while len(self.finished) > self._max_history:
+            self.finished.popitem(last=False)
+        self.jcts.append(finish_s - task.arrival_s)
+        self.jct_count += 1
+        self.jct_sum += finish_s - task.arrival_s
+        return actions + [TaskDoneAction(task.task_id)]

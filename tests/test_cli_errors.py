@@ -1,0 +1,132 @@
+"""Every malformed input to `topas bench` / `topas docs` prints exactly one line
+`error: ...` naming the problem and exits 2, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from topas_agents.cli import main
+
+BENCH = ["bench", "--no-progress"]
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    out = {}
+    (tmp_path / "dir.yaml").mkdir()
+    out["dir"] = str(tmp_path / "dir.yaml")
+    for name, text in {
+        "syntax.yaml": "name: x\nagents: [\n",
+        "cycle.yaml": ("name: c\nagents: [{name: a, prefix_tokens: 1}]\nstages:\n"
+                       "  - {name: s1, agent: a, after: [s2], input_tokens: 1, output_tokens: 1}\n"
+                       "  - {name: s2, agent: a, after: [s1], input_tokens: 1, output_tokens: 1}\n"),
+        "badfield.yaml": ("name: c\nagents: [{name: a, prefix_tokens: 1}]\n"
+                          "stages: [{name: s, agent: a, input_tokens: [9, 2], output_tokens: 1}]\n"),
+        "cfg_syntax.yaml": "fcfs: {\n",
+        "cfg_list.yaml": "- fcfs\n",
+        "cfg_unknown.yaml": "nosuch: {}\n",
+        "cfg_opts.yaml": "fcfs: [1, 2]\n",
+        "trace.jsonl": '{"task_id": "t"}\n',
+        "profile.yaml": "name: p\n",
+    }.items():
+        (tmp_path / name).write_text(text)
+        out[name.split(".")[0]] = str(tmp_path / name)
+    return out
+
+
+CASES = [
+    # (argv, a phrase the one-line message must contain)
+    (["--workload", "nope"], "unknown workflow 'nope'"),
+    (["--workload", "missing.yaml"], "workflow file not found: missing.yaml"),
+    (["--workload", "{dir}"], "cannot read workflow file"),
+    (["--workload", "{syntax}"], "invalid YAML at line"),
+    (["--workload", "{cycle}"], "dependency cycle among ['s1', 's2']"),
+    (["--workload", "{badfield}"], "stages[0] (s).input_tokens: need 1 <= lo <= hi"),
+    (["--workload", "chain3", "--policies", "fcfs,nosuch"], "argument --policies: unknown policy 'nosuch'"),
+    (["--workload", "chain3", "--policies", "fcfs,,lpm"], "argument --policies: empty name"),
+    (["--workload", "chain3", "--policies", "fcfs,fcfs"], "argument --policies: 'fcfs' given twice"),
+    (["--workload", "chain3", "--rate", "-1"], "argument --rate: must be a positive finite number, got '-1'"),
+    (["--workload", "chain3", "--rate", "abc"], "argument --rate: expected positive numbers"),
+    (["--workload", "chain3", "--rate", "0.1,"], "argument --rate: expected positive numbers"),
+    (["--workload", "chain3", "--rate", "0"], "argument --rate: must be a positive finite number, got '0'"),
+    (["--workload", "chain3", "--rate", "inf"], "argument --rate: must be a positive finite number"),
+    (["--workload", "chain3", "--load", "-0.5"], "argument --load: must be a positive finite number"),
+    (["--workload", "chain3", "--load", "heavy"], "argument --load: expected positive numbers"),
+    (["--workload", "chain3", "--rate", "1", "--load", "1"], "argument --load: not allowed with argument --rate"),
+    (["--workload", "chain3", "--tasks", "0"], "argument --tasks: expected a positive integer, got '0'"),
+    (["--workload", "chain3", "--tasks", "-3"], "argument --tasks: expected a positive integer"),
+    (["--workload", "chain3", "--tasks", "ten"], "argument --tasks: expected a positive integer"),
+    (["--workload", "chain3", "--seed", "x"], "argument --seed: expected an integer >= 0"),
+    (["--workload", "chain3", "--kv-budget", "0"], "argument --kv-budget: expected a positive integer"),
+    (["--workload", "chain3", "--policies", "fcfs", "--kv-budget", "3000"],
+     "KV budget 3000 tokens cannot hold stage 's1'"),
+    (["--workload", "chain3", "--profile", "nope"], "unknown profile 'nope'"),
+    (["--workload", "chain3", "--profile", "{profile}"], "missing fields"),
+    (["--workload", "chain3", "--trace", "x.jsonl"], "argument --trace: not allowed with argument --workload"),
+    ([], "give --workload NAME|PATH.yaml or --trace FILE.jsonl"),
+    (["--workload", "chain3", "--policy-opt", "fcfs.x"], "--policy-opt 'fcfs.x': expected POLICY.KEY=VALUE"),
+    (["--workload", "chain3", "--policy-opt", "fcfs=1"], "expected POLICY.KEY=VALUE"),
+    (["--workload", "chain3", "--policy-opt", "fcfs.1x=1"], "expected POLICY.KEY=VALUE"),
+    (["--workload", "chain3", "--policies", "fcfs", "--policy-opt", "lpm.x=1"],
+     "policy 'lpm' is not in --policies (fcfs)"),
+    (["--workload", "chain3", "--policies", "fcfs", "--policy-opt", "fcfs.x=[1"], "cannot parse value '[1'"),
+    (["--workload", "chain3", "--policies", "fcfs", "--policy-opt", "fcfs.window=3"],
+     "policy 'fcfs' options {'window': 3}"),
+    (["--workload", "chain3", "--policy-config", "missing.yaml"], "--policy-config missing.yaml: cannot read"),
+    (["--workload", "chain3", "--policy-config", "{cfg_syntax}"], "invalid YAML at line"),
+    (["--workload", "chain3", "--policy-config", "{cfg_list}"], "expected a mapping of policy name -> options"),
+    (["--workload", "chain3", "--policy-config", "{cfg_unknown}"], "unknown policy 'nosuch'"),
+    (["--workload", "chain3", "--policy-config", "{cfg_opts}"], "options of 'fcfs' must be a mapping"),
+    (["--trace", "missing.jsonl"], "cannot read trace missing.jsonl"),
+    (["--trace", "{trace}"], ":1: missing field 'workflow'"),
+    (["--workload", "chain3", "--policies", "fcfs", "--tasks", "1", "--rate", "1", "--json", "/proc/no/such.json"],
+     "--json /proc/no/such.json: cannot write"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+]
+
+
+def _fmt(argv: list[str], files: dict[str, str]) -> list[str]:
+    return [a.format(**files) for a in argv]
+
+
+@pytest.mark.parametrize(("argv", "needle"), CASES, ids=[" ".join(a) or "<none>" for a, _ in CASES])
+def test_bench_errors_are_one_line(argv, needle, files, capsys):
+    rc = main(BENCH + _fmt(argv, files))
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert needle in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["docs", "--tasks", "0"], "argument --tasks: expected a positive integer"),
+        (["docs", "--workloads", "chain3,nope"], "unknown workflow 'nope'"),
+        (["docs", "--policies", "fcfs,zz"], "unknown policy 'zz'"),
+        (["docs", "--out", "{dir}"], "--out"),
+        (["nosuch"], "invalid choice: 'nosuch'"),
+    ],
+)
+def test_other_errors_are_one_line(argv, needle, files, capsys):
+    rc = main(_fmt(argv, files))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert needle in err
+
+
+def test_installed_script_reports_one_line():
+    script = Path(sys.executable).parent / "topas"
+    if not script.exists():
+        pytest.skip(f"console script not installed next to {sys.executable}")
+    proc = subprocess.run([str(script), "bench", "--workload", "chain3", "--rate", "abc"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr == ("error: topas bench: argument --rate: expected positive numbers separated "
+                           "by commas, got 'abc'\n")

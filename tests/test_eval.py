@@ -1,0 +1,99 @@
+"""`topas eval softwaredev`: arrivals, task specs, statistics, and a small run per policy."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from topas_agents.cli import main
+from topas_agents.errors import ConfigError
+from topas_agents.integrations.metagpt.environment import metagpt_available
+from topas_agents.integrations.metagpt.softwaredev import load_softwaredev
+
+
+def test_softwaredev_has_the_11_published_prompts():
+    prompts = load_softwaredev()
+    assert [p.id for p in prompts] == list(range(11))
+    assert prompts[0].name == "Snake game" and prompts[0].task_id == "sd00"
+    assert len(load_softwaredev(3)) == 3
+    with pytest.raises(ConfigError):
+        load_softwaredev(0)
+
+
+def test_softwaredev_loader_rejects_bad_files(tmp_path):
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"id": 1, "name": "a"}\n')
+    with pytest.raises(ConfigError, match="p.jsonl:1"):
+        load_softwaredev(path=bad)
+    bad.write_text('{"id": 1, "name": "a", "prompt": "x"}\n{"id": 1, "name": "b", "prompt": "y"}\n')
+    with pytest.raises(ConfigError, match="duplicate"):
+        load_softwaredev(path=bad)
+
+
+if metagpt_available():
+    metagpt_only = pytest.mark.metagpt
+else:
+    metagpt_only = pytest.mark.skip(reason="metagpt is not installed")
+
+
+@pytest.fixture(scope="module")
+def ev(tmp_path_factory: pytest.TempPathFactory):
+    from topas_agents.integrations.metagpt.environment import prepare_metagpt
+
+    prepare_metagpt(tmp_path_factory.mktemp("mgroot"), log_level="ERROR")
+    from topas_agents.integrations.metagpt import evaluation
+
+    return evaluation
+
+
+@metagpt_only
+def test_poisson_arrivals_and_cycled_specs(ev):
+    a = ev.poisson_arrivals(2000, 0.5, seed=3)
+    assert a[0] == 0 and a == sorted(a) and a == ev.poisson_arrivals(2000, 0.5, seed=3)
+    gaps = [y - x for x, y in zip(a, a[1:], strict=False)]
+    assert statistics.mean(gaps) == pytest.approx(2.0, rel=0.1)
+    specs = ev.make_specs(load_softwaredev(2), 5)
+    assert [s.task_id for s in specs] == ["sd00", "sd01", "sd00r1", "sd01r1", "sd00r2"]
+    assert specs[2].prompt == specs[0].prompt
+
+
+@metagpt_only
+def test_summary_counts_failures_and_excludes_them_from_jct(ev):
+    from topas_agents.integrations.metagpt.runner import TaskResult
+
+    def res(tid, ok, jct):
+        return TaskResult(tid, "", "w", ok, None if ok else "boom", (), {}, 3, {}, 0, 0.0, "", 1.0, jct)
+
+    s = ev.summarize([res("a", True, 10.0), res("b", True, 30.0), res("c", False, 1.0)])
+    assert (s["tasks"], s["succeeded"], s["failed"]) == (3, 2, 1)
+    assert s["mean_jct_s"] == 20.0 and s["p99_jct_s"] == 30.0 and s["calls"] == 9
+    with pytest.raises(ConfigError):
+        ev.EvalConfig(rate=0)
+
+
+@metagpt_only
+def test_eval_cli_runs_each_policy_on_the_same_arrivals(tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    rc = main(["eval", "softwaredev", "--workflow", "sop", "--rate", "0.5", "--policies", "fcfs,topas",
+               "--limit", "2", "--time-scale", "400", "--parse-retries", "1", "--root", str(tmp_path),
+               "--json", str(out), "--no-progress", "--trace-dir", str(tmp_path / "traces")])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    lines = captured.out.splitlines()
+    assert lines[0].startswith("policy") and {ln.split()[0] for ln in lines[2:]} == {"fcfs", "topas"}
+    doc = json.loads(out.read_text())
+    assert doc["workflow"] == "metagpt-sop-noqa" and doc["tasks"] == 2 and doc["server"] == "embedded"
+    for policy in ("fcfs", "topas"):
+        entry = doc["policies"][policy]
+        assert entry["summary"]["succeeded"] == 2 and entry["summary"]["calls"] == 14
+        assert entry["summary"]["mean_jct_s"] > 0
+        assert [r["task_id"] for r in entry["results"]] == ["sd00", "sd01"]
+        assert (tmp_path / "traces" / f"{policy}.jsonl").exists()
+
+
+@metagpt_only
+def test_eval_cli_rejects_unknown_policies(capsys):
+    assert main(["eval", "softwaredev", "--rate", "1", "--policies", "fcfs,nope"]) == 2
+    assert "nope" in capsys.readouterr().err

@@ -1,0 +1,117 @@
+"""MetaGPT config isolation: config2.yaml writing/patching and prepare_metagpt's footprint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from topas_agents.cli import main
+from topas_agents.errors import ConfigError
+from topas_agents.integrations.metagpt.config_file import (
+    config_path,
+    ensure_config,
+    read_config,
+    write_config,
+)
+from topas_agents.integrations.metagpt.environment import metagpt_available
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_write_config_creates_a_minimal_importable_file(tmp_path):
+    path = write_config(tmp_path / "r", "http://127.0.0.1:9/v1/")
+    assert path == tmp_path / "r" / "config" / "config2.yaml"
+    assert _files(tmp_path) == {"r", "r/config", "r/config/config2.yaml"}
+    llm = yaml.safe_load(path.read_text())["llm"]
+    assert llm == {"api_type": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "topas-sim",
+                   "api_key": "sk-topas-local", "stream": False}
+
+
+def test_write_config_patches_llm_and_keeps_unrelated_keys(tmp_path):
+    path = config_path(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(textwrap.dedent("""\
+        llm:
+          api_type: azure
+          base_url: https://old.example/v1
+          model: gpt-4
+          api_key: sk-real
+          timeout: 33
+        mermaid:
+          engine: nodejs
+        repair_llm_output: true
+        """))
+    write_config(tmp_path, "http://127.0.0.1:8000/v1")
+    data = read_config(tmp_path)
+    assert data["mermaid"] == {"engine": "nodejs"} and data["repair_llm_output"] is True
+    assert data["llm"] == {"api_type": "openai", "base_url": "http://127.0.0.1:8000/v1", "model": "gpt-4",
+                           "api_key": "sk-real", "timeout": 33}  # model/key kept, no stream key added
+    write_config(tmp_path, "http://h:1/v1", model="m2", api_key="k2")
+    assert read_config(tmp_path)["llm"]["model"] == "m2" and read_config(tmp_path)["llm"]["api_key"] == "k2"
+
+
+def test_bad_inputs_are_one_line_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="base-url"):
+        write_config(tmp_path, "127.0.0.1:8000")
+    config_path(tmp_path).parent.mkdir(parents=True)
+    config_path(tmp_path).write_text("- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        write_config(tmp_path, "http://h/v1")
+    config_path(tmp_path).write_text("llm: [1]\n")
+    with pytest.raises(ConfigError, match="'llm' must be a mapping"):
+        write_config(tmp_path, "http://h/v1")
+
+
+def test_ensure_config_writes_only_when_there_is_no_llm_section(tmp_path):
+    ensure_config(tmp_path, "http://a/v1")
+    ensure_config(tmp_path, "http://b/v1")
+    assert read_config(tmp_path)["llm"]["base_url"] == "http://a/v1"
+
+
+def test_cli_config_command(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "mg"
+    assert main(["metagpt", "config", "--base-url", "http://127.0.0.1:7/v1", "--root", str(root),
+                 "--model", "qwen", "--api-key", "sk-secret"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["llm"]["model"] == "qwen" and out["llm"]["api_key"] == "sk-***"  # never echoes the key
+    assert read_config(root)["llm"]["api_key"] == "sk-secret"
+    assert _files(tmp_path) == {"mg", "mg/config", "mg/config/config2.yaml"}
+    assert main(["metagpt", "config", "--base-url", "nope", "--root", str(root)]) == 2
+    assert "base-url" in capsys.readouterr().err
+
+
+@pytest.mark.metagpt
+@pytest.mark.skipif(not metagpt_available(), reason="metagpt is not installed")
+def test_prepare_metagpt_writes_nothing_outside_its_root(tmp_path):
+    """A fresh interpreter (MetaGPT reads its root once per process), an empty HOME and CWD."""
+    root, home, cwd = tmp_path / "root", tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    code = textwrap.dedent(f"""
+        from topas_agents.integrations.metagpt.environment import prepare_metagpt
+        rt = prepare_metagpt({str(root)!r}, log_level="ERROR")
+        import metagpt.team, metagpt.const
+        from topas_agents.integrations.metagpt import context
+        ctx = context.metagpt_context("http://127.0.0.1:9/v1", rt.root, "proj_x")
+        print(metagpt.const.METAGPT_ROOT, ctx.config.workspace.path, ctx.config.llm.stream)
+        """)
+    env = {k: v for k, v in os.environ.items() if k not in ("METAGPT_PROJECT_ROOT", "AGENTOPS_LOGGING_TO_FILE")}
+    env["HOME"] = str(home)
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    mg_root, workspace, stream = out.stdout.split()
+    assert Path(mg_root) == root.resolve() and Path(workspace) == root.resolve() / "workspace" / "proj_x"
+    assert stream == "False"
+    assert _files(cwd) == set() and _files(home) == set()
+    assert {"config/config2.yaml", "logs", "workspace"} <= _files(root)

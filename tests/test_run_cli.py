@@ -1,0 +1,69 @@
+"""`topas run sop|tl` end to end through the CLI (embedded simulator or --server URL)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from topas_agents.bench.trace import load_trace
+from topas_agents.cli import main
+from topas_agents.integrations.metagpt.environment import metagpt_available
+
+if not metagpt_available():
+    pytest.skip("metagpt is not installed", allow_module_level=True)
+
+pytestmark = pytest.mark.metagpt
+FAST = ["--time-scale", "400", "--parse-retries", "1"]
+
+
+def test_run_sop_prompt_prints_a_json_summary_and_writes_json_and_trace(tmp_path, capsys):
+    out, trace = tmp_path / "out.json", tmp_path / "t.jsonl"
+    rc = main(["run", "sop", "--prompt", "Create a snake game.", "--root", str(tmp_path / "mg"), "--json", str(out),
+               "--trace", str(trace), *FAST])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    doc = json.loads(captured.out)  # stdout is exactly one JSON document (MetaGPT's prints go to stderr)
+    (task,) = doc["tasks"]
+    assert doc["workflow"] == "metagpt-sop-noqa" and doc["jct_unit"] == "simulated seconds"
+    assert task["success"] and task["error"] is None
+    assert task["stages"] == ["write_prd", "write_design", "write_tasks", "write_code"]
+    assert task["calls"] == 7 and task["jct_s"] > 0
+    assert task["artifacts"].startswith(str(tmp_path / "mg" / "workspace"))
+    assert json.loads(out.read_text())["details"][0]["server"]["calls"] == 7
+    (plan,) = load_trace(trace)
+    assert plan.task_id == "sop-0" and sum(len(r) for r in plan.rounds.values()) == 7
+
+
+def test_run_tl_dataset(tmp_path, capsys):
+    rc = main(["run", "tl", "--dataset", "softwaredev", "--limit", "1", "--root", str(tmp_path), *FAST])
+    assert rc == 0
+    (task,) = json.loads(capsys.readouterr().out)["tasks"]
+    assert task["task_id"] == "sd00" and task["calls"] == 12
+    assert task["stages"][0] == "tl1" and task["stages"][-1] == "tl5"
+
+
+def test_a_failed_task_against_an_external_server_exits_1(tmp_path, capsys):
+    from topas_agents.integrations.metagpt.server_api import embedded_server
+
+    with embedded_server(responder="lorem", time_scale=400) as handle:  # replies MetaGPT cannot parse
+        rc = main(["run", "sop", "--prompt", "Create a snake game.", "--server", handle.url, "--root",
+                   str(tmp_path), "--parse-retries", "1"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    (task,) = json.loads(captured.out)["tasks"]
+    assert not task["success"] and "JSONDecodeError" in task["error"]
+    assert "FAILED sop-0" in captured.err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "tl", "--prompt", "x", "--qa"], "--qa"),
+    (["run", "sop", "--prompt", "x", "--limit", "2"], "--limit"),
+    (["run", "sop", "--prompt", "  "], "--prompt"),
+    (["run", "sop"], "--prompt"),
+    (["run", "dag", "--prompt", "x"], "invalid choice"),
+])
+def test_usage_errors_are_one_line_and_exit_2(argv, message, tmp_path, capsys):
+    assert main([*argv, "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

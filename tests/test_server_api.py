@@ -1,0 +1,244 @@
+"""The embedded server over HTTP with the real `openai` client and the real simulator."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import openai
+import pytest
+
+from topas_agents.server import ServerConfig, start_server_in_thread
+
+SYS = {"role": "system", "content": "You are the product manager. Write careful PRDs."}
+
+
+@pytest.fixture(scope="module")
+def server():
+    cfg = ServerConfig(time_scale=100.0, workflows=("chain3", "dag4"), policy="topas", drain_timeout_s=2.0)
+    handle = start_server_in_thread(cfg)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=30)
+
+
+def _stats(server, **params) -> dict:
+    return httpx.get(f"{server.base_url}/v1/topas/stats", params=params, timeout=10).json()
+
+
+def _call(stats: dict, rid: str) -> dict:
+    return next(c for c in stats["calls"] if c["rid"] == rid)
+
+
+def test_labelled_chat_non_streaming(server, client) -> None:
+    label = {"task_id": "chat-1", "stage": "s1", "agent": "a", "workflow": "chain3"}
+    r = client.chat.completions.create(model="m", messages=[SYS, {"role": "user", "content": "Make a todo app"}],
+                                       max_tokens=40, extra_body={"topas": label})
+    assert r.choices[0].message.content.startswith("Echo: Make a todo app")
+    assert r.choices[0].finish_reason == "stop"
+    u = r.usage
+    assert u.prompt_tokens == 4096 + _call(_stats(server), r.id)["input_tokens"]  # the workflow's prefix
+    assert u.completion_tokens >= 1 and u.total_tokens == u.prompt_tokens + u.completion_tokens
+    rec = _call(_stats(server), r.id)
+    assert rec["label"] == label and rec["label_source"] == "body" and rec["status"] == "ok"
+    assert rec["prefix_source"] == "workflow" and rec["max_new_tokens"] == 40
+
+
+def test_labelled_chat_streaming_with_usage(server, client) -> None:
+    stream = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Write code for a CLI ```python"}], stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"topas": {"task_id": "chat-2", "stage": "plan", "agent": "pm", "prefix_tokens": 300}})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.startswith("```python\n") and text.rstrip().endswith("```")
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) >= 2  # really streamed
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage.prompt_tokens > 300 and usage.completion_tokens > 10
+    rec = _call(_stats(server), chunks[0].id)
+    assert rec["prefix_source"] == "label" and rec["prefix_tokens"] == 300
+
+
+def test_completions_streaming_and_not_with_header_labels(server, client) -> None:
+    headers = {"X-Topas-Task-Id": "cmpl-1", "X-Topas-Stage": "s_a", "X-Topas-Agent": "a",
+               "X-Topas-Workflow": "dag4"}
+    r = client.completions.create(model="m", prompt="Once upon a time", max_tokens=3, extra_headers=headers)
+    assert r.choices[0].text == "Echo: Once" and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 3
+    stream = client.completions.create(model="m", prompt="hello there", stream=True,
+                                       stream_options={"include_usage": True}, extra_headers=headers)
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "Echo: hello there"
+    assert chunks[-1].usage.completion_tokens > 0
+    rec = _call(_stats(server), r.id)
+    assert rec["label_source"] == "headers" and rec["round"] == 0
+    assert _call(_stats(server), chunks[0].id)["round"] == 1
+
+
+def test_body_label_wins_over_headers(server, client) -> None:
+    r = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+        extra_body={"topas": {"task_id": "win-b", "stage": "s", "agent": "ag"}},
+        extra_headers={"X-Topas-Task-Id": "win-h", "X-Topas-Stage": "s", "X-Topas-Agent": "ag"})
+    rec = _call(_stats(server), r.id)
+    assert rec["task_id"] == "win-b" and rec["label_source"] == "body"
+
+
+def test_unlabelled_requests_are_served_as_single_stage_tasks(server, client) -> None:
+    r = client.chat.completions.create(model="m", messages=[SYS, {"role": "user", "content": "hi"}])
+    assert r.choices[0].message.content == "Echo: hi"
+    stats = _stats(server)
+    rec = _call(stats, r.id)
+    assert rec["label"] is None and rec["agent"] == "default" and rec["prefix_tokens"] == 0
+    task = next(t for t in stats["tasks"]["items"] if t["task_id"] == rec["task_id"])
+    assert task["done_reason"] == "single" and task["jct_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("label", "param"),
+    [
+        ({"task_id": "", "stage": "s", "agent": "a"}, "topas.task_id"),
+        ({"task_id": 7, "stage": "s", "agent": "a"}, "topas.task_id"),
+        ({"task_id": "t", "agent": "a"}, "topas.stage"),
+        ({"task_id": "t", "stage": "s", "agent": ""}, "topas.agent"),
+        ({"task_id": "t", "stage": "s", "agent": "a", "prefix_tokens": -5}, "topas.prefix_tokens"),
+        ({"task_id": "t", "stage": "s", "agent": "a", "priority": 1}, "topas.priority"),
+        ({"task_id": "t", "stage": "s", "agent": "a", "workflow": "nope"}, "topas.workflow"),
+        ({"task_id": "t", "stage": "zz", "agent": "a", "workflow": "chain3"}, "topas.stage"),
+        ({"task_id": "t", "stage": "s1", "agent": "b", "workflow": "chain3"}, "topas.agent"),
+        ("just-a-string", "topas"),
+    ],
+)
+def test_malformed_labels_are_400_naming_the_field(server, client, label, param) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                       extra_body={"topas": label})
+    err = info.value.body
+    assert info.value.status_code == 400
+    assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+
+
+def test_malformed_header_label_is_400(client) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                       extra_headers={"X-Topas-Task-Id": "t", "X-Topas-Stage": "s",
+                                                      "X-Topas-Agent": "a", "X-Topas-Prefix-Tokens": "many"})
+    assert info.value.body["param"] == "topas.prefix_tokens"
+
+
+def test_malformed_bodies_and_over_budget_are_400(server, client) -> None:
+    url = f"{server.url}/chat/completions"
+    cases = [(b"{not json", None), (b"[1, 2]", None), (b'{"model": "m"}', "messages"),
+             (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', "max_tokens")]
+    for raw, param in cases:
+        r = httpx.post(url, content=raw, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, raw
+        assert r.json()["error"]["param"] == param and r.json()["error"]["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError, match="KV budget"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=10_000_000)
+    assert httpx.get(f"{server.base_url}/health").json()["status"] == "ok"  # nothing else affected
+
+
+def test_workflow_stage_output_profile_sets_the_length(server, client) -> None:
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                       extra_body={"topas": {"task_id": "prof-1", "stage": "s1", "agent": "a",
+                                                             "workflow": "chain3"}})
+    assert r.usage.completion_tokens == 256  # chain3 s1: output_tokens 256
+    assert r.choices[0].message.content == "Echo: x"  # the text stays whole
+
+
+WF_YAML = """
+name: pair
+agents: [{name: writer, prefix_tokens: 200}, {name: critic, prefix_tokens: 100}]
+stages:
+  - {name: draft, agent: writer, input_tokens: 50, output_tokens: 20, requests: [1, 3]}
+  - {name: review, agent: critic, after: [draft], input_tokens: 50, output_tokens: 10}
+"""
+
+
+def test_workflow_registration_and_stage_inference(server, client) -> None:
+    base = f"{server.base_url}/v1/topas/workflows"
+    r = httpx.post(base, content=WF_YAML)
+    assert r.status_code == 201 and r.json()["stages"] == ["draft", "review"]
+    assert httpx.post(base, content=WF_YAML).status_code == 200  # identical: idempotent
+    assert httpx.post(base, content=WF_YAML.replace("200", "201")).status_code == 409
+    bad = httpx.post(base, json={"name": "x", "agents": [{"name": "a", "prefix_tokens": 1}],
+                                 "stages": [{"name": "s", "agent": "ghost", "input_tokens": 1, "output_tokens": 1}]})
+    assert bad.status_code == 400 and "unknown agent 'ghost'" in bad.json()["error"]["message"]
+    assert httpx.post(base, content="a: [b").status_code == 400
+    assert "pair" in httpx.get(base).json()["workflows"]
+
+    def call(stage: str, agent: str) -> None:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}],
+                                       extra_body={"topas": {"task_id": "wf-1", "stage": stage, "agent": agent,
+                                                             "workflow": "pair"}})
+
+    call("draft", "writer")
+    call("draft", "writer")
+    task = next(t for t in _stats(server)["tasks"]["items"] if t["task_id"] == "wf-1")
+    assert task["stages"]["draft"] == {"calls": 2, "finished": 2, "in_flight": 0, "done": False}
+    call("review", "critic")  # implies draft done; review (requests: 1) done when it ends -> task done
+    stats = _stats(server)
+    task = next(t for t in stats["tasks"]["items"] if t["task_id"] == "wf-1")
+    assert task["stages"]["draft"]["done"] and task["stages"]["review"]["done"]
+    assert task["done_reason"] == "workflow" and task["jct_s"] > 0
+    assert stats["stages"]["pair/draft"] == {"calls": 2, "tasks": 1}
+    assert any(p["agent"] == "writer" and p["tokens"] == 200 for p in stats["prefixes"])
+
+
+def test_explicit_stage_and_task_done(server, client) -> None:
+    lab = {"task_id": "ex-1", "stage": "think", "agent": "solo"}
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                   extra_body={"topas": lab})
+    base = f"{server.base_url}/v1/topas/tasks"
+    r = httpx.post(f"{base}/ex-1/stages/think/done")
+    assert r.status_code == 200 and r.json()["stages"]["think"]["done"] and not r.json()["done"]
+    r = httpx.post(f"{base}/ex-1/done")
+    assert r.json()["done_reason"] == "explicit" and r.json()["jct_s"] >= 0
+    assert httpx.post(f"{base}/nope/done").status_code == 404
+    with pytest.raises(openai.ConflictError):  # the client said it is done
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       extra_body={"topas": lab})
+
+
+_SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? '
+                     r'(NaN|[+-]Inf|-?[0-9.]+(e[+-]?[0-9]+)?)$')
+
+
+def test_metrics_are_valid_prometheus_text(server, client) -> None:
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    r = httpx.get(f"{server.base_url}/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    families: dict[str, str] = {}
+    for line in r.text.splitlines():
+        if line.startswith("# TYPE"):
+            _, _, name, kind = line.split()
+            families[name] = kind
+        elif not line.startswith("# HELP"):
+            assert _SAMPLE.match(line), line
+    for name in ("topas_requests_total", "topas_requests_waiting", "topas_requests_running",
+                 "topas_kv_used_tokens", "topas_kv_budget_tokens", "topas_decisions_total",
+                 "topas_decision_latency_ms", "topas_task_jct_seconds"):
+        assert name in families, name
+    assert families["topas_task_jct_seconds"] == "summary"
+    assert re.search(r'topas_requests_total\{endpoint="/v1/chat/completions",status="200"\} [1-9]', r.text)
+    assert re.search(r"^topas_decisions_total [1-9]", r.text, re.M)
+
+
+def test_health_models_stats_and_unknown_routes(server) -> None:
+    assert httpx.get(f"{server.base_url}/health").json()["status"] == "ok"
+    models = openai.OpenAI(base_url=server.url, api_key="x").models.list()
+    assert [m.id for m in models.data] == ["topas-sim"]
+    stats = _stats(server, calls=1)
+    assert len(stats["calls"]) == 1
+    for key in ("engine", "kv", "queues", "batch_size", "prefixes", "tasks", "stages", "jct", "workflows"):
+        assert key in stats
+    assert stats["engine"]["decisions"] > 0 and stats["kv"]["budget"] > 0
+    r = httpx.get(f"{server.base_url}/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"

@@ -1,0 +1,85 @@
+"""`topas serve` as a user runs it: a real process, a real port, Ctrl-C to stop."""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from topas_agents.cli import main
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_topas_serve_sim_serves_and_stops_on_sigint() -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "topas_agents.server", "--port", str(port), "--time-scale", "100",
+         "--policy", "fcfs", "--workflow", "chain3", "--model-name", "sim-x", "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
+        assert client.models.list().data[0].id == "sim-x"
+        r = client.chat.completions.create(model="sim-x", messages=[{"role": "user", "content": "hi"}],
+                                           extra_body={"topas": {"task_id": "t", "stage": "s1", "agent": "a",
+                                                                 "workflow": "chain3"}})
+        assert r.choices[0].message.content == "Echo: hi" and r.usage.completion_tokens == 256
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 0, out
+        assert f"http://127.0.0.1:{port}/v1" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "--time-scale", "0"], "--time-scale"),
+        (["serve", "--workflow", "no-such-workflow"], "unknown workflow"),
+        (["serve", "--policy", "no-such-policy"], "unknown policy"),
+        (["serve", "--policy-opt", "novalue"], "key=value"),
+        (["serve", "--responder", "replay"], "--replay-file"),
+        (["serve", "--responder", "replay", "--replay-file", "/nonexistent.jsonl"], "not found"),
+        (["serve", "stray"], "unexpected arguments"),
+    ],
+)
+def test_user_errors_are_one_line_exit_2(argv, message, capsys) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_engine_sglang_dispatch_or_clear_error(capsys) -> None:
+    try:
+        importlib.import_module("topas_agents.server.sglang.launch")
+    except ImportError:
+        assert main(["serve", "--engine", "sglang"]) == 2
+        err = capsys.readouterr().err
+        assert "pip install -e .[sglang]" in err and err.count("\n") == 1
+    else:
+        pytest.skip("the SGLang launcher is importable here (tested under -m sglang)")

@@ -1,0 +1,186 @@
+"""Disconnects, load, shutdown and engine failure, against a server running in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from test_server_fake import fake_factory  # tests/ is on sys.path (pytest rootdir-relative import)
+
+from topas_agents.server import ServerConfig, start_server_in_thread
+
+LONG = {"task_id": "", "stage": "s1", "agent": "a", "workflow": "chain3"}  # 256 output tokens: ~8 s at 1x
+
+
+def _long(task: str) -> dict:
+    return {"topas": dict(LONG, task_id=task)}
+
+
+def _stats(handle) -> dict:
+    return httpx.get(f"{handle.base_url}/v1/topas/stats", timeout=10).json()
+
+
+def _wait_for(pred, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def realtime():
+    """Simulated time at wall speed (1x): calls last seconds, so clients can leave early."""
+    handle = start_server_in_thread(ServerConfig(time_scale=1.0, workflows=("chain3",), policy="topas"))
+    yield handle
+    handle.stop()
+
+
+def _assert_freed(handle, rid: str) -> None:
+    def freed() -> bool:
+        s = _stats(handle)
+        rec = next(c for c in s["calls"] if c["rid"] == rid)
+        return rec["status"] == "cancelled" and s["queues"]["running"] == 0 and s["queues"]["waiting"] == 0
+
+    _wait_for(freed)
+    s = _stats(handle)
+    resident = sum(p["tokens"] for p in s["prefixes"] if p["location"] in ("gpu", "loading"))
+    assert s["kv"]["used"] == resident  # only shared prefixes remain: the request's KV is freed
+    assert s["requests"]["in_flight"] == 0
+
+
+def test_disconnect_cancels_a_non_streaming_call(realtime) -> None:
+    client = openai.OpenAI(base_url=realtime.url, api_key="x", max_retries=0, timeout=0.5)
+    with pytest.raises(openai.APITimeoutError):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                       extra_body=_long("dc-1"))
+    rid = next(c["rid"] for c in _stats(realtime)["calls"] if c["task_id"] == "dc-1")
+    _assert_freed(realtime, rid)
+
+
+def test_disconnect_cancels_a_streaming_call(realtime) -> None:
+    client = openai.OpenAI(base_url=realtime.url, api_key="x", max_retries=0, timeout=30)
+    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True,
+                                            extra_body=_long("dc-2"))
+    first = next(iter(stream))
+    stream.close()
+    _assert_freed(realtime, first.id)
+
+
+def test_streaming_is_smooth_at_wall_speed(realtime) -> None:
+    client = openai.OpenAI(base_url=realtime.url, api_key="x", max_retries=0, timeout=30)
+    t0 = time.monotonic()
+    text_chunks, arrivals = [], []
+    for c in client.chat.completions.create(model="m", messages=[{"role": "user", "content": "y " * 300}],
+                                            stream=True, max_tokens=40):
+        if c.choices and c.choices[0].delta.content:
+            text_chunks.append(c.choices[0].delta.content)
+            arrivals.append(time.monotonic() - t0)
+    assert "".join(text_chunks) == "Echo: " + "y " * 29 + "y ..."
+    assert len(text_chunks) >= 10  # ~1.5 s of decoding delivered in many small pieces
+    assert arrivals[-1] - arrivals[0] > 0.8  # paced by simulated time, not dumped at the end
+
+
+def test_single_token_response() -> None:
+    handle = start_server_in_thread(ServerConfig(time_scale=100.0, policy="fcfs"))
+    try:
+        client = openai.OpenAI(base_url=handle.url, api_key="x", max_retries=0, timeout=10)
+        r = client.completions.create(model="m", prompt="tell me a story", max_tokens=1)
+        assert r.choices[0].text == "Echo" and r.usage.completion_tokens == 1
+    finally:
+        handle.stop()
+
+
+async def _load(url: str, n: int) -> list[tuple[int, str, str]]:
+    client = openai.AsyncOpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
+
+    async def one(i: int) -> tuple[int, str, str]:
+        extra = {"extra_body": {"topas": {"task_id": f"load-{i}", "stage": "s_a", "agent": "a",
+                                          "workflow": "dag4"}}} if i % 2 else {}
+        if i % 4 == 3:
+            s = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"req {i}"}],
+                                                     max_tokens=8, stream=True, **extra)
+            text = "".join([c.choices[0].delta.content or "" async for c in s if c.choices])
+            return i, text, "stream"
+        r = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"req {i}"}],
+                                                 max_tokens=8, **extra)
+        return i, r.choices[0].message.content, r.id
+
+    try:
+        return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), timeout=150)
+    finally:
+        await client.close()
+
+
+@pytest.mark.slow  # ~10-20 s on 2 shared cores: client and server share one process
+def test_a_thousand_concurrent_requests_complete_none_lost() -> None:
+    n = 1000
+    handle = start_server_in_thread(ServerConfig(time_scale=1000.0, workflows=("dag4",), policy="topas"))
+    try:
+        results = asyncio.run(_load(handle.url, n))
+        assert sorted(i for i, _, _ in results) == list(range(n))
+        assert all(text == f"Echo: req {i}" for i, text, _ in results)  # nothing mixed up
+        s = _stats(handle)
+        assert s["requests"]["calls_by_status"] == {"ok": n} and s["requests"]["in_flight"] == 0
+        assert s["engine"]["requests_finished"] == n
+        assert s["queues"] == {"waiting": 0, "running": 0}
+        assert sum(1 for t in s["tasks"]["items"] if t["task_id"].startswith("load-")) == n // 2
+    finally:
+        handle.stop()
+
+
+def test_graceful_shutdown_drains_then_fails_cleanly() -> None:
+    handle = start_server_in_thread(ServerConfig(time_scale=1.0, workflows=("chain3",), drain_timeout_s=2.0))
+    client = openai.OpenAI(base_url=handle.url, api_key="x", max_retries=0, timeout=30)
+    outcome: dict[str, object] = {}
+
+    def run(name: str, fn) -> None:
+        try:
+            outcome[name] = fn()
+        except Exception as exc:  # recorded and asserted below
+            outcome[name] = exc
+
+    msgs = [{"role": "user", "content": "x"}]
+    jobs = {
+        "short": lambda: client.chat.completions.create(model="m", messages=msgs, max_tokens=8),
+        "long": lambda: client.chat.completions.create(model="m", messages=msgs, extra_body=_long("sd-1")),
+        "stream": lambda: "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="m", messages=msgs, stream=True, extra_body=_long("sd-2")) if c.choices),
+    }
+    threads = {k: threading.Thread(target=run, args=(k, f)) for k, f in jobs.items()}
+    threads["long"].start()
+    threads["stream"].start()
+    _wait_for(lambda: _stats(handle)["requests"]["in_flight"] == 2)
+    threads["short"].start()  # last, so that it is surely in flight when shutdown starts
+    _wait_for(lambda: _stats(handle)["requests"]["in_flight"] == 3)
+    stopper = threading.Thread(target=handle.stop)
+    stopper.start()
+    _wait_for(lambda: httpx.get(f"{handle.base_url}/health").json()["status"] == "draining")
+    with pytest.raises(openai.InternalServerError) as info:  # new work is refused while draining
+        client.chat.completions.create(model="m", messages=msgs, max_tokens=2)
+    assert info.value.status_code == 503
+    stopper.join(20)
+    for t in threads.values():
+        t.join(10)
+    assert not stopper.is_alive()
+    assert outcome["short"].choices[0].message.content == "Echo: x"  # finished during the drain
+    assert isinstance(outcome["long"], openai.InternalServerError) and outcome["long"].status_code == 503
+    assert isinstance(outcome["stream"], openai.APIError) and "shut down" in str(outcome["stream"])
+
+
+def test_engine_failure_fails_calls_cleanly_and_health_reports_it() -> None:
+    handle = start_server_in_thread(ServerConfig(time_scale=10.0), engine_factory=fake_factory(fail_at=0.5))
+    client = openai.OpenAI(base_url=handle.url, api_key="x", max_retries=0, timeout=10)
+    try:
+        with pytest.raises(openai.InternalServerError) as info:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=500)
+        assert "engine failed" in info.value.body["message"]
+        health = httpx.get(f"{handle.base_url}/health")
+        assert health.status_code == 503 and health.json()["status"] == "failed"
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=5)
+    finally:
+        handle.stop()

@@ -1,0 +1,268 @@
+"""Units of the embedded server: tokenizer, request parsing, responders, task tracking."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from topas_agents.errors import ConfigError
+from topas_agents.server.api_errors import ApiError
+from topas_agents.server.config import ServerConfig, parse_policy_options
+from topas_agents.server.protocol import Message, parse_chat, parse_completion
+from topas_agents.server.responders import (
+    EchoResponder,
+    LoremResponder,
+    ReplayResponder,
+    ResponseContext,
+    make_responder,
+)
+from topas_agents.server.tasks import StageDoneAction, TaskDoneAction, TaskTracker, ancestors
+from topas_agents.server.tokens import chat_tokens, count_tokens, pieces, truncate
+from topas_agents.workflow import load_workflow
+
+# ---------------------------------------------------------------------------- tokens
+
+
+@given(st.text())
+def test_pieces_are_lossless(text: str) -> None:
+    assert "".join(pieces(text)) == text
+
+
+@given(st.text(), st.integers(0, 50))
+def test_truncate_is_a_prefix_with_that_many_tokens(text: str, n: int) -> None:
+    cut = truncate(text, n)
+    assert text.startswith(cut)
+    assert count_tokens(cut) == min(n, count_tokens(text))
+
+
+def test_token_counts_are_plausible_and_deterministic() -> None:
+    prose = "The quick brown fox jumps over the lazy dog. " * 20
+    assert 3.5 <= len(prose) / count_tokens(prose) <= 5.5
+    assert count_tokens("") == 0
+    assert chat_tokens(["hi"]) == count_tokens("hi") + 4 + 2
+
+
+# ---------------------------------------------------------------------------- protocol
+
+
+def test_parse_chat_extracts_prompt_and_system_prefix() -> None:
+    body = {"model": "m", "messages": [{"role": "system", "content": "You are a careful architect."},
+                                       {"role": "user", "content": [{"type": "text", "text": "design it"},
+                                                                    {"type": "image_url", "image_url": {}}]}],
+            "max_tokens": 20, "stream": True, "stream_options": {"include_usage": True}}
+    call = parse_chat(body)
+    assert call.messages[1] == Message("user", "design it")
+    assert call.system_tokens == count_tokens("You are a careful architect.") + 4
+    assert call.prompt_tokens > call.system_tokens
+    assert (call.max_tokens, call.stream, call.include_usage) == (20, True, True)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "m"}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": ["hi"]}, "messages[0]"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+    ],
+)
+def test_parse_chat_rejects_malformed_bodies(body: dict, param: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_chat(body)
+    assert info.value.status == 400 and info.value.param == param
+
+
+def test_parse_completion_prompt_forms() -> None:
+    assert parse_completion({"prompt": "hello world"}).prompt_tokens == 2
+    assert parse_completion({"prompt": ["hello"]}).messages[0].content == "hello"
+    assert parse_completion({"prompt": [1, 2, 3, 4]}).prompt_tokens == 4
+    for bad in ({}, {"prompt": ["a", "b"]}, {"prompt": 3}):
+        with pytest.raises(ApiError):
+            parse_completion(bad)
+    with pytest.raises(ApiError):
+        parse_completion([1, 2])
+
+
+# ---------------------------------------------------------------------------- responders
+
+METAGPT_PROMPT = """
+## context
+Create a 2048 game
+
+-----
+
+## format example
+[CONTENT]
+{
+    "Language": "en_us",
+    "Original Requirements": "Create a 2048 game",
+    "Requirement Pool": [["P0", "The main code ..."]]
+}
+[/CONTENT]
+
+## nodes: "<node>: <type>  # <instruction>"
+- Language: <class 'str'>  # Provide the language used in the project.
+
+## constraint
+Format: output wrapped inside [CONTENT][/CONTENT] like format example, nothing else.
+"""
+
+
+def _ctx(text: str, *, system: str = "", target: int | None = None, stage: str = "s", round_: int = 0
+         ) -> ResponseContext:
+    msgs = ((Message("system", system),) if system else ()) + (Message("user", text),)
+    return ResponseContext("chat", msgs, text, "t", stage, "a", round_, True, target)
+
+
+def test_echo_returns_the_metagpt_format_example() -> None:
+    out = EchoResponder().respond(_ctx(METAGPT_PROMPT))
+    assert out.startswith("[CONTENT]\n") and out.endswith("\n[/CONTENT]")
+    data = json.loads(out[len("[CONTENT]"):-len("[/CONTENT]")])
+    assert data["Original Requirements"] == "Create a 2048 game"
+
+
+def test_echo_writes_a_valid_python_program_when_code_is_asked() -> None:
+    out = EchoResponder().respond(_ctx("## Code: game.py\nWrite code with triple quotes, ```python ...```"))
+    code = out.split("```python\n", 1)[1].rsplit("```", 1)[0]
+    compile(code, "game.py", "exec")
+    assert code.startswith("# game.py")
+
+
+def test_echo_summarises_other_prompts_and_can_be_extended() -> None:
+    long = "word " * 100
+    out = EchoResponder().respond(_ctx(long))
+    assert out.startswith("Echo: word") and out.endswith("...") and len(out.split()) < 40
+    custom = EchoResponder().with_rule("lgtm", lambda c: "LGTM" if "review" in c.last_user else None)
+    assert custom.respond(_ctx("please review")) == "LGTM"
+    assert custom.respond(_ctx("hi")) == "Echo: hi"
+    assert [n for n, _ in custom.rules] == ["content_block", "code", "lgtm", "summary"]
+
+
+def test_lorem_has_the_requested_length() -> None:
+    assert count_tokens(LoremResponder().respond(_ctx("x", target=37))) == 37
+    assert count_tokens(LoremResponder().respond(_ctx("x"))) == 64
+
+
+def test_replay_matches_by_stage_agent_round_then_in_order(tmp_path) -> None:
+    f = tmp_path / "r.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in [
+        {"stage": "s", "agent": "a", "round": 1, "content": "second round"},
+        {"content": "any 1"},
+        {"content": "any 2"},
+    ]) + "\n")
+    rep = ReplayResponder.from_file(f)
+    assert rep.respond(_ctx("x", round_=1)) == "second round"
+    assert [rep.respond(_ctx("x", stage="z")) for _ in range(4)][:3] == ["second round", "any 1", "any 2"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"content": "ok"}\n{"nope": 1}\n')
+    with pytest.raises(ConfigError, match=":2:"):
+        ReplayResponder.from_file(bad)
+    with pytest.raises(ConfigError):
+        make_responder(ServerConfig(responder="nope"))
+
+
+# ---------------------------------------------------------------------------- config
+
+
+def test_config_validates() -> None:
+    for kw in ({"time_scale": 0}, {"port": 70000}, {"kv_budget": 0}, {"responder": "replay"},
+               {"engine": "vllm"}, {"stream_interval_s": 0}):
+        with pytest.raises(ConfigError):
+            ServerConfig(**kw)
+    assert parse_policy_options(["a=1", "b = x"]) == (("a", "1"), ("b", "x"))
+    with pytest.raises(ConfigError):
+        parse_policy_options(["novalue"])
+
+
+# ---------------------------------------------------------------------------- tracker
+
+
+def _tracker() -> TaskTracker:
+    return TaskTracker(idle_timeout_s=10.0, max_history=100)
+
+
+def test_call_for_a_stage_closes_its_ancestors() -> None:
+    wf = load_workflow("dag4")
+    tr = _tracker()
+    assert tr.commit_call("t", "s_a", wf, "dag4", False, 0.0, 0.0) == []
+    tr.end_call("t", "s_a", True, 1.0, 1.0)  # requests: 1 -> s_a done
+    assert tr.active["t"].stages["s_a"].done
+    tr.commit_call("t", "s_b", wf, "dag4", False, 2.0, 2.0)
+    acts = tr.commit_call("t", "s_d", wf, "dag4", False, 3.0, 3.0)
+    # s_b still has a call in flight: it closes when that call ends; s_c was skipped
+    assert acts == [StageDoneAction("t", "s_c")]
+    assert tr.active["t"].stages["s_b"].closing
+    assert tr.end_call("t", "s_b", True, 4.0, 4.0) == [StageDoneAction("t", "s_b")]
+    acts = tr.end_call("t", "s_d", True, 5.0, 5.0)
+    assert acts == [StageDoneAction("t", "s_d"), TaskDoneAction("t")]
+    task = tr.finished["t"]
+    assert task.done_reason == "workflow" and task.jct_s == 5.0
+
+
+def test_without_a_workflow_only_explicit_done_or_idleness_finishes() -> None:
+    tr = _tracker()
+    tr.commit_call("t", "x", None, None, False, 0.0, 0.0)
+    assert tr.end_call("t", "x", True, 1.0, 1.0) == []
+    tr.commit_call("t", "y", None, None, False, 2.0, 2.0)
+    assert tr.task_done("t", 2.5, 2.5) == []  # y in flight: closes when it ends
+    with pytest.raises(ApiError) as info:
+        tr.check_call("t", None)
+    assert info.value.status == 409
+    assert tr.end_call("t", "y", True, 3.0, 3.0) == [StageDoneAction("t", "x"), StageDoneAction("t", "y"),
+                                                     TaskDoneAction("t")]
+    assert tr.finished["t"].done_reason == "explicit"
+    tr.commit_call("u", "x", None, None, False, 0.0, 0.0)
+    tr.end_call("u", "x", True, 4.0, 4.0)
+    assert tr.expire_idle(20.0, 13.9) == []
+    assert tr.expire_idle(20.0, 14.0) == [StageDoneAction("u", "x"), TaskDoneAction("u")]
+    assert tr.finished["u"].finish_s == 4.0  # the last call's finish, not the timeout
+
+
+def test_unlabelled_call_is_a_single_stage_task_and_inferred_tasks_reopen() -> None:
+    tr = _tracker()
+    tr.commit_call("u1", "default", None, None, True, 0.0, 0.0)
+    assert tr.end_call("u1", "default", True, 2.0, 2.0)[-1] == TaskDoneAction("u1")
+    wf = load_workflow("chain3")
+    for s in ("s1", "s2", "s3"):
+        tr.commit_call("c", s, wf, "chain3", False, 0.0, 0.0)
+        tr.end_call("c", s, True, 1.0, 1.0)
+    assert tr.finished["c"].done_reason == "workflow"
+    tr.check_call("c", "chain3")  # a retry after inference is allowed: the task reopens
+    tr.commit_call("c", "s3", wf, "chain3", False, 2.0, 2.0)
+    assert tr.active["c"].reopened == 1 and tr.jct_count == 1
+    with pytest.raises(ApiError) as info:
+        tr.check_call("c", "other")
+    assert info.value.param == "topas.workflow"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["s_a", "s_b", "s_c", "s_d"]), min_size=1, max_size=12), st.randoms())
+def test_called_stages_ancestors_are_always_done(stages: list[str], rnd: random.Random) -> None:
+    wf = load_workflow("dag4")
+    tr = _tracker()
+    in_flight: list[str] = []
+    emitted: list[str] = []
+    for i, s in enumerate(stages):
+        if "t" in tr.finished:
+            break
+        emitted += [a.stage for a in tr.commit_call("t", s, wf, "dag4", False, i, i)
+                    if isinstance(a, StageDoneAction)]
+        in_flight.append(s)
+        if rnd.random() < 0.6:
+            done = in_flight.pop(rnd.randrange(len(in_flight)))
+            emitted += [a.stage for a in tr.end_call("t", done, True, i, i) if isinstance(a, StageDoneAction)]
+        task = tr.active.get("t") or tr.finished["t"]
+        for called in set(stages[: i + 1]):
+            for anc in ancestors(wf, called):
+                st_ = task.stages[anc]
+                assert st_.done or st_.closing
+    assert len(emitted) == len(set(emitted))  # each stage is reported done at most once

@@ -1,0 +1,102 @@
+"""make_trace and simulate: arrivals, DAG release, tool waits, metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from topas_agents.costmodel import load_profile
+from topas_agents.errors import ConfigError
+from topas_agents.policies import make_policy
+from topas_agents.sim import BENCH_KEYS, StallError, make_trace, simulate
+from topas_agents.snapshot import NOOP, Decision, Snapshot
+from topas_agents.workflow import load_workflow, parse_workflow
+
+PROFILE = load_profile()
+DAG4 = load_workflow("dag4")
+
+
+def test_make_trace_is_poisson_seeded_and_rate_independent_in_content() -> None:
+    trace = make_trace(DAG4, 400, 0.5, seed=3)
+    assert [tp.task_id for tp in trace[:3]] == ["dag4-0", "dag4-1", "dag4-2"]
+    arrivals = np.array([tp.arrival_s for tp in trace])
+    assert np.all(np.diff(arrivals) > 0) and arrivals[0] > 0
+    assert np.mean(np.diff(arrivals)) == pytest.approx(2.0, rel=0.15)
+    assert make_trace(DAG4, 400, 0.5, seed=3) == trace
+    faster = make_trace(DAG4, 400, 2.0, seed=3)
+    assert [tp.rounds for tp in faster] == [tp.rounds for tp in trace]  # same tasks, other times
+    assert faster[-1].arrival_s < trace[-1].arrival_s
+    with pytest.raises(ConfigError):
+        make_trace(DAG4, 3, 0.0, seed=0)
+    with pytest.raises(ConfigError):
+        make_trace(DAG4, -1, 1.0, seed=0)
+
+
+def test_metrics_follow_their_definitions() -> None:
+    trace = make_trace(DAG4, 20, 0.05, seed=1)
+    seen: list[tuple[int, int]] = []
+    res = simulate(trace, make_policy("fcfs"), PROFILE, progress=lambda d, n: seen.append((d, n)))
+    assert seen == [(i, 20) for i in range(1, 21)]
+    jct = np.array([t.jct_s for t in res.tasks])
+    first_arrival = min(tp.arrival_s for tp in trace)
+    assert res.mean_jct == pytest.approx(jct.mean())
+    assert res.p99_jct == pytest.approx(np.percentile(jct, 99))
+    assert res.makespan_s == pytest.approx(max(t.finish_s for t in res.tasks) - first_arrival)
+    assert res.first_task_s == pytest.approx(min(t.finish_s for t in res.tasks) - first_arrival)
+    n_requests = sum(len(r) for tp in trace for r in tp.rounds.values())
+    assert res.requests == n_requests
+    assert res.throughput_rps == pytest.approx(n_requests / res.makespan_s)
+    assert res.prefix_swaps == res.stats.prefix_swaps_in + res.stats.prefix_swaps_out
+    d = res.as_dict()
+    assert tuple(d) == BENCH_KEYS and all(isinstance(v, int | float) for v in d.values())
+    assert {"makespan_s", "requests", "prefix_recomputes"} <= set(res.as_dict(full=True))
+
+
+def test_stages_wait_for_all_predecessors_and_rounds_for_tool_waits() -> None:
+    wf = parse_workflow({
+        "name": "w",
+        "agents": [{"name": "a", "prefix_tokens": 100}, {"name": "b", "prefix_tokens": 100}],
+        "stages": [
+            {"name": "x", "agent": "a", "requests": 1, "input_tokens": 10, "output_tokens": 5},
+            {"name": "y", "agent": "b", "requests": 3, "input_tokens": 10, "output_tokens": 5, "tool_wait_s": 7.0},
+            {"name": "z", "agent": "a", "after": ["x", "y"], "input_tokens": 10, "output_tokens": 5},
+        ],
+    })
+
+    class Recorder:
+        name = "rec"
+
+        def __init__(self) -> None:
+            self.fcfs = make_policy("fcfs")
+            self.first_seen: dict[str, float] = {}
+            self.done: dict[str, float] = {}
+
+        def decide(self, snap: Snapshot) -> Decision:
+            for r in snap.waiting:
+                self.first_seen.setdefault(r.rid, snap.now)
+            for e in snap.events:
+                self.done.setdefault(e.stage, e.time_s)
+            return self.fcfs.decide(snap)
+
+    rec = Recorder()
+    res = simulate(make_trace(wf, 1, 1.0, seed=0), rec, PROFILE, check=True)
+    seen = {rid.split("/", 1)[1]: t for rid, t in rec.first_seen.items()}
+    assert seen["y/1"] - seen["y/0"] >= 7.0 and seen["y/2"] - seen["y/1"] >= 7.0
+    assert seen["z/0"] >= max(rec.done["x"], rec.done["y"])
+    assert res.tasks[0].finish_s > seen["z/0"]
+
+
+def test_a_policy_that_never_admits_stalls_loudly() -> None:
+    class Never:
+        name = "never"
+
+        def decide(self, snap: Snapshot) -> Decision:
+            return NOOP
+
+    with pytest.raises(StallError, match="policy 'never' left 1 requests waiting"):
+        simulate(make_trace(DAG4, 1, 1.0, seed=0), Never(), PROFILE)
+
+
+def test_empty_trace() -> None:
+    res = simulate((), make_policy("fcfs"), PROFILE)
+    assert res.tasks == () and res.mean_jct == 0.0 and res.requests == 0

@@ -1,0 +1,116 @@
+"""Parsing of bench inputs given as text (CLI values, option files). Every failure is a
+ConfigError whose message names the argument and the bad value."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+from ..policies import available_policies
+
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_positive_floats(text: str, what: str) -> tuple[float, ...]:
+    """`0.1,0.2` -> (0.1, 0.2); each value finite and > 0."""
+    values = []
+    for part in str(text).split(","):
+        try:
+            value = float(part.strip())
+        except ValueError:
+            raise ConfigError(f"{what}: expected positive numbers separated by commas, got {part.strip()!r}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"{what}: must be a positive finite number, got {part.strip()!r}")
+        values.append(value)
+    return tuple(values)
+
+
+def parse_positive_int(text: str, what: str) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ConfigError(f"{what}: expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{what}: expected a positive integer, got {text!r}")
+    return value
+
+
+def parse_policy_list(text: str) -> tuple[str, ...]:
+    """`fcfs,lpm` -> ('fcfs', 'lpm'); names must be registered, no blanks or repeats."""
+    names = tuple(p.strip() for p in str(text).split(","))
+    known = available_policies()
+    for name in names:
+        if not name:
+            raise ConfigError(f"--policies: empty name in {text!r}")
+        if name not in known:
+            raise ConfigError(f"--policies: unknown policy '{name}' (known: {', '.join(known)})")
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"--policies: '{dup}' given twice")
+    return names
+
+
+def _yaml_scalar(text: str, where: str) -> Any:
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        raise ConfigError(f"{where}: cannot parse value {text!r}") from None
+
+
+def parse_policy_opts(items: Iterable[str], policies: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """`['topas.beta=0.5']` -> {'topas': {'beta': 0.5}}; values parsed as YAML scalars."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        where = f"--policy-opt {item!r}"
+        head, eq, value = item.partition("=")
+        name, dot, key = head.strip().rpartition(".")
+        if not eq or not dot or not name or not _KEY.match(key):
+            raise ConfigError(f"{where}: expected POLICY.KEY=VALUE, e.g. topas.beta=0.5")
+        if name not in policies:
+            raise ConfigError(f"{where}: policy '{name}' is not in --policies ({', '.join(policies)})")
+        out.setdefault(name, {})[key] = _yaml_scalar(value, where)
+    return out
+
+
+def load_policy_config(path: str | Path, policies: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """A YAML file mapping policy name -> {option: value}. Policies not benchmarked are
+    allowed (one file can serve several runs) but must be registered names."""
+    where = f"--policy-config {path}"
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{where}: invalid YAML{line}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of policy name -> options")
+    out: dict[str, dict[str, Any]] = {}
+    known = available_policies()
+    for name, opts in data.items():
+        if name not in known:
+            raise ConfigError(f"{where}: unknown policy '{name}' (known: {', '.join(known)})")
+        if opts is None:
+            opts = {}
+        if not isinstance(opts, dict) or not all(isinstance(k, str) and _KEY.match(k) for k in opts):
+            raise ConfigError(f"{where}: options of '{name}' must be a mapping of option names to values")
+        out[name] = dict(opts)
+    return out
+
+
+def merge_options(*layers: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Later layers override earlier ones, key by key."""
+    out: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        for name, opts in layer.items():
+            out.setdefault(name, {}).update(opts)
+    return out

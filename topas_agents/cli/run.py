@@ -1,0 +1,115 @@
+"""`topas run sop|tl`: run MetaGPT software-company tasks, every call labelled.
+
+    topas run sop --prompt "Create a snake game."
+    topas run tl --dataset softwaredev --limit 3 --json out.json --trace run.jsonl
+    topas run sop --prompt "..." --server http://127.0.0.1:8000/v1
+
+sop: ProductManager -> Architect -> ProjectManager -> Engineer (-> QaEngineer with --qa).
+tl:  TeamLeader star TL,PM,TL,Architect,TL,ProjectManager,TL,Engineer,TL.
+Without --server an embedded simulator (echo responder) serves the calls in-process and
+JCT is reported in simulated seconds. Tasks given together start together. Prints one JSON
+document (per task: id, stages in order, calls per stage, JCT, success, artifacts); exit
+status 1 if any task failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from ..integrations.metagpt.cli_support import add_common, positive_int
+
+    p = subparsers.add_parser("run", help="run MetaGPT workflows (SOP or TeamLeader) with Topas labels",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("workflow", choices=("sop", "tl"), help="sop: MetaGPT's SOP chain; tl: TeamLeader star")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one task with this requirement")
+    src.add_argument("--dataset", choices=("softwaredev",), help="tasks from a dataset")
+    p.add_argument("--limit", type=positive_int, default=None, help="first N dataset prompts")
+    p.add_argument("--policy", default="topas", help="embedded server's scheduling policy (default topas)")
+    p.add_argument("--qa", action="store_true",
+                   help="SOP: hire the QaEngineer; its code runs only in a sandbox (no pip installs)")
+    p.add_argument("--no-code-review", action="store_true", help="Engineer without WriteCodeReview")
+    p.add_argument("--trace", metavar="OUT.jsonl", help="record every call as a trace (topas bench --trace)")
+    add_common(p)
+    p.set_defaults(run=run)
+
+
+def _specs(args: argparse.Namespace) -> list[Any]:
+    from ..integrations.metagpt.runner import TaskSpec
+    from ..integrations.metagpt.softwaredev import load_softwaredev
+
+    if args.prompt is not None:
+        if not args.prompt.strip():
+            raise ConfigError("--prompt must not be empty")
+        if args.limit is not None:
+            raise ConfigError("--limit applies to --dataset only")
+        return [TaskSpec(f"{args.workflow}-0", args.prompt)]
+    return [TaskSpec(p.task_id, p.prompt, p.name) for p in load_softwaredev(args.limit)]
+
+
+def _options(args: argparse.Namespace, url: str) -> Any:
+    from ..integrations.metagpt.runner import RunOptions
+
+    extra = {"model": args.model} if args.model else {}
+    return RunOptions(base_url=url, workflow=args.workflow, root=args.root, restructure=not args.no_restructure,
+                      send_max_tokens=args.server is not None, code_review=not args.no_code_review, qa=args.qa,
+                      parse_retries=args.parse_retries, **extra)
+
+
+async def _run(args: argparse.Namespace, url: str, scale: float) -> tuple[list[Any], Any]:
+    from ..integrations.metagpt.recorder import CallRecorder, scaled_clock
+    from ..integrations.metagpt.runner import attach_server_view, label_workflow, run_tasks
+    from ..integrations.metagpt.server_api import fetch_stats, register_workflow
+
+    options = _options(args, url)
+    register_workflow(url, label_workflow(options.workflow, options.qa))
+    recorder = CallRecorder(scaled_clock(scale))
+    results = await run_tasks(_specs(args), options, recorder)
+    return attach_server_view(results, fetch_stats(url)), recorder
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..integrations.metagpt.cli_support import stdout_to_stderr, write_json
+    from ..integrations.metagpt.environment import prepare_metagpt
+
+    if args.qa and args.workflow != "sop":
+        raise ConfigError("--qa applies to `topas run sop` only")
+    prepare_metagpt(args.root, log_level="INFO" if args.verbose else "ERROR")
+    from ..integrations.metagpt.recorder import save_trace
+    from ..integrations.metagpt.server_api import embedded_server
+
+    with stdout_to_stderr():
+        if args.server:
+            results, recorder = asyncio.run(_run(args, args.server, 1.0))
+        else:
+            with embedded_server(policy=args.policy, time_scale=args.time_scale, profile=args.profile,
+                                 kv_budget=args.kv_budget, seed=args.seed) as handle:
+                results, recorder = asyncio.run(_run(args, handle.url, args.time_scale))
+    doc = {"workflow": results[0].workflow if results else None,
+           "server": args.server or f"embedded (policy {args.policy}, time scale {args.time_scale:g})",
+           "jct_unit": "wall seconds" if args.server else "simulated seconds",
+           "tasks": [_task_json(r) for r in results]}
+    print(json.dumps(doc, indent=2))
+    if args.json:
+        write_json(args.json, {**doc, "details": [r.to_json() for r in results]})
+    if args.trace:
+        n = save_trace(args.trace, recorder.records)
+        print(f"trace: {n} calls -> {args.trace}", file=sys.stderr)
+    failed = [r for r in results if not r.success]
+    for r in failed:
+        print(f"FAILED {r.task_id}: {r.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _task_json(r: Any) -> dict[str, Any]:
+    return {"task_id": r.task_id, "success": r.success, "error": r.error, "stages": list(r.stages),
+            "calls_per_stage": r.calls_per_stage, "calls": r.calls, "jct_s": r.jct_s, "wall_s": r.wall_s,
+            "artifacts": r.artifacts}

@@ -1,0 +1,102 @@
+"""Topas configuration: every knob in one frozen dataclass, one default for all workloads.
+
+Factories and the CLI pass options as keyword arguments whose values may be strings
+(`--policy-opt beta=0.5`) or numbers; `make_config` validates and converts them and raises
+`ConfigError` naming the offending option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ...errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class TopasConfig:
+    """Defaults are the single configuration used for every workload (no per-workload tuning).
+
+    beta        weight of V_reuse, the one-hop lookahead value of keeping prefixes that
+                newly released downstream stages will need (0 disables it).
+    rho         strength of task-level log aging g = 1 + rho*log(1 + age/H) (0 disables it).
+    enum_agents M: enumerate every prefix subset when the active agent pool has <= M agents,
+                else greedy additions + one pair test + drop/swap repairs.
+    k_admit     most admissions per decision.
+    k_preempt   most preemptions per decision (states needing more are infeasible).
+    samples     Monte Carlo sample budget for E[longest path] on DAGs (common random numbers,
+                Latin-hypercube strata; chains and point masses are computed exactly).
+    history     completed executions kept per (workflow, stage) for the empirical profile.
+    refresh     rebuild a stage's empirical distribution after this many new samples
+                (bounds cache churn; the first samples are folded in at once, see profiles.py).
+    horizon     the scheduling interval, as a multiple of the observed mean request
+                service: progress credited to a request is min(its remaining service,
+                horizon * mean request service).
+    width       greedy search: outside agents tried per step (ranked by demand).
+    seed        seed of the sample matrix (decisions are deterministic given it).
+    """
+
+    beta: float = 1.0
+    rho: float = 1.0
+    enum_agents: int = 6
+    k_admit: int = 32
+    k_preempt: int = 4
+    samples: int = 64
+    history: int = 64
+    refresh: int = 8
+    horizon: float = 0.1
+    width: int = 4
+    size_weight: float = 1.0
+    work_floor: float = 0.5
+    seed: int = 0
+
+
+# field -> (kind, minimum, maximum); None means unbounded
+_LIMITS: dict[str, tuple[type, float, float | None]] = {
+    "beta": (float, 0.0, None),
+    "rho": (float, 0.0, None),
+    "enum_agents": (int, 0, 16),
+    "k_admit": (int, 1, None),
+    "k_preempt": (int, 0, None),
+    "samples": (int, 1, 4096),
+    "history": (int, 1, 100_000),
+    "refresh": (int, 1, None),
+    "horizon": (float, 1e-6, None),
+    "width": (int, 1, 64),
+    "size_weight": (float, 0.0, None),
+    "work_floor": (float, 0.0, 1.0),
+    "seed": (int, 0, None),
+}
+assert set(_LIMITS) == {f.name for f in dataclasses.fields(TopasConfig)}
+
+
+def _convert(name: str, value: Any) -> Any:
+    kind, lo, hi = _LIMITS[name]
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        if kind is int:
+            num = float(value) if isinstance(value, str) else value
+            if not isinstance(num, int | float) or num != int(num):
+                raise ValueError
+            out: Any = int(num)
+        else:
+            out = float(value)
+            if out != out:  # NaN
+                raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"topas option '{name}' must be {kind.__name__}, got {value!r}") from None
+    if out < lo or (hi is not None and out > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ConfigError(f"topas option '{name}' must be {bound}, got {value!r}")
+    return out
+
+
+def make_config(base: TopasConfig | None = None, **options: Any) -> TopasConfig:
+    """`base` (default `TopasConfig()`) with `options` validated, converted and applied."""
+    base = base or TopasConfig()
+    unknown = sorted(set(options) - set(_LIMITS))
+    if unknown:
+        raise ConfigError(f"unknown topas option '{unknown[0]}' (known: {', '.join(_LIMITS)})")
+    return replace(base, **{k: _convert(k, v) for k, v in options.items()}) if options else base

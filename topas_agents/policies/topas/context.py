@@ -1,0 +1,303 @@
+"""Per-decision precomputation shared by GreedyPack and the state search.
+
+Waiting requests are grouped by agent and valued lazily: an agent's candidate list (sorted by
+age-weighted progress per extra KV token) is built only when a search step touches it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...snapshot import PrefixView, RequestView, Snapshot, TaskView
+from ...workflow import Workflow
+from .config import TopasConfig
+from .longest_path import PathEstimator, TaskPaths, WorkflowModel
+from .profiles import ServiceProfiles, prior_service_s
+from .terms import CreditStore, aging, imminence, j_redo, load_cost, released_children, reload_cost
+
+_EMPTY: frozenset = frozenset()
+
+
+@dataclass(slots=True)
+class TaskCtx:
+    task_id: str
+    g: float  # the task's weight: aging x size weight (every term charged to it is scaled)
+    paths: TaskPaths | None  # None: a one-stage task (unlabelled / unknown workflow)
+    wf: Workflow | None
+    done: frozenset[str]
+    kappa: float = 0.0  # work floor of progress (config.work_floor)
+    base: frozenset = _EMPTY  # (source, delta) of its running requests (served if retained)
+    running: list = field(default_factory=list)  # its running Items
+    run_value: float = 0.0  # weighted progress of all its running requests over the horizon
+
+    def progress(self, reds: frozenset) -> float:
+        """Expected reduction of L when each source j in `reds` receives delta_j, floored at
+        kappa x the service delivered (a request off the critical path still does work the
+        task needs)."""
+        if not reds:
+            return 0.0
+        gain = self.paths.gain(reds)
+        if self.kappa > 0.0:
+            gain = max(gain, self.kappa * sum(d for _, d in reds))
+        return gain
+
+    def progress1(self, j: int, delta: float) -> float:
+        """`progress` of a single reduction (the common case, memoised without a set)."""
+        gain = self.paths.gain1(j, delta)
+        return max(gain, self.kappa * delta) if self.kappa > 0.0 else gain
+
+    def served_value(self, items) -> float:
+        """Weighted progress of serving `items` (a subset of its requests) over the horizon."""
+        reds = frozenset(it.red for it in items if it.col >= 0)
+        alone = sum(it.delta for it in items if it.col < 0)
+        return self.g * (self.progress(reds) + alone)
+
+
+@dataclass(slots=True)
+class Item:
+    """A waiting candidate or a running request, with its progress over the horizon."""
+
+    req: RequestView
+    task: TaskCtx
+    col: int  # source index in task.paths; -1 when valued alone
+    delta: float  # service received in the next interval: min(remaining, horizon)
+    gain: float = 0.0  # expected L reduction (given the task's running requests)
+    prio: float = 0.0  # g * gain / kv
+    order: int = 0  # deterministic tie-breaker
+    reuse: tuple[tuple[str, float], ...] | None = None  # (child agent, value) lazily
+    pinned: bool = False  # running and about to finish: never preempted
+
+    @property
+    def red(self) -> tuple[int, float]:
+        return (self.col, self.delta)
+
+
+@dataclass(slots=True)
+class Context:
+    snap: Snapshot
+    cfg: TopasConfig
+    credits: CreditStore
+    profiles: ServiceProfiles
+    paths: PathEstimator
+    run_value: float = 0.0  # sum of the tasks' run_value (every running request retained)
+    horizon_s: float = 0.0
+    quantum_s: float = 1.0  # grid of attained service in task-state keys (one horizon)
+    age_scale_s: float = 1.0
+    gpu: frozenset[str] = _EMPTY
+    prefix: dict[str, PrefixView] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    tasks: dict[str, TaskCtx] = field(default_factory=dict)
+    running: dict[str, list[Item]] = field(default_factory=dict)  # by agent
+    waiting: dict[str, list[RequestView]] = field(default_factory=dict)  # by agent
+    oldest: dict[str, float] = field(default_factory=dict)  # earliest task arrival per agent
+    views: dict[str, TaskView] = field(default_factory=dict)
+    models: dict[str, WorkflowModel] = field(default_factory=dict)
+    rem_cache: dict[str, tuple] = field(default_factory=dict)  # rid -> (view, remaining), persistent
+    task_memo: dict[str, tuple] = field(default_factory=dict)  # task_id -> (view, model, done, active, paths, q)
+    _cands: dict[str, list[Item]] = field(default_factory=dict)
+    _load: dict[str, tuple[float, bool]] = field(default_factory=dict)
+    _preempt_cost: dict[str, float] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ costs
+    def load(self, agent: str) -> tuple[float, bool]:
+        hit = self._load.get(agent)
+        if hit is None:
+            hit = self._load[agent] = load_cost(self.prefix.get(agent), self.tokens[agent], self.snap.profile)
+        return hit
+
+    def preempt_cost(self, item: Item) -> float:
+        """J_redo + J_revoke of preempting a running request."""
+        rid = item.req.rid
+        hit = self._preempt_cost.get(rid)
+        if hit is None:
+            redo = item.task.g * j_redo(item.req, self.snap.profile)
+            hit = self._preempt_cost[rid] = redo + self.credits.get(rid)
+        return hit
+
+    def reuse(self, item: Item) -> tuple[tuple[str, float], ...]:
+        """V_reuse items of serving `item`: (agent of a released child, saved load x imminence)."""
+        if item.reuse is not None:
+            return item.reuse
+        out: list[tuple[str, float]] = []
+        task, req = item.task, item.req
+        if item.col >= 0:
+            children = released_children(task.wf, req.stage, task.done)
+            if children:
+                support = task.paths.support[req.stage]
+                imm = imminence(support, self.horizon_s)
+                if imm > 0.0:
+                    for child in children:
+                        agent = task.wf.stage(child).agent
+                        tokens = self.tokens.get(agent, task.wf.prefix_tokens(agent))
+                        out.append((agent, task.g * imm * reload_cost(tokens, self.snap.profile)))
+        item.reuse = tuple(out)
+        return item.reuse
+
+    # ------------------------------------------------------------------ candidates
+    def candidates(self, agent: str) -> list[Item]:
+        """Waiting requests of `agent`, best age-weighted progress per KV token first."""
+        hit = self._cands.get(agent)
+        if hit is not None:
+            return hit
+        items = []
+        for req in self.waiting.get(agent, ()):
+            task = self.task(req)
+            item = self.item(req, task)
+            base = task.base
+            if item.col >= 0:
+                if base:
+                    item.gain = task.progress(base | {item.red}) - task.progress(base)
+                else:
+                    item.gain = task.progress1(item.col, item.delta)
+            else:
+                item.gain = item.delta
+            item.prio = task.g * item.gain / max(1, req.kv_tokens)
+            items.append(item)
+        items.sort(key=lambda it: (-it.prio, it.req.task_arrival_s, it.req.arrival_s, it.req.rid))
+        for i, it in enumerate(items):
+            it.order = i
+        self._cands[agent] = items
+        return items
+
+    def item(self, req: RequestView, task: TaskCtx) -> Item:
+        col = -1
+        if task.paths is not None:
+            col = task.paths.index.get(req.stage, -1)
+        return Item(req, task, col, min(self.remaining(req), self.horizon_s))
+
+    def remaining(self, req: RequestView) -> float:
+        hit = self.rem_cache.get(req.rid)
+        # engines reuse the view object of an unchanged request: identity validates the entry
+        remaining = hit[1] if hit is not None and hit[0] is req else remaining_service_s(req, self.snap)
+        self.rem_cache[req.rid] = (req, remaining)
+        return remaining
+
+    def _paths(self, task_id: str, view: TaskView | None, model: WorkflowModel, done: frozenset[str]) -> TaskPaths:
+        """The task's path matrix, reused while its state is unchanged: same view object (engines
+        cache views of unchanged tasks), or same done set and attained service on the grid."""
+        memo = self.task_memo.get(task_id)
+        if memo is not None and memo[0] is view and memo[1] is model and memo[5] == self.quantum_s:
+            return memo[4]
+        active = view.active_stages if view is not None else ()
+        if active:  # attained service on a grid: running tasks keep their cache entry
+            q = self.quantum_s
+            active = tuple((st, (e // q) * q) for st, e in active)
+        if memo is not None and memo[1] is model and memo[2] == done and memo[3] == active:
+            paths = memo[4]
+        else:
+            paths = self.paths.task(model, done, dict(active))
+        self.task_memo[task_id] = (view, model, done, active, paths, self.quantum_s)
+        return paths
+
+    def demand(self, agent: str) -> float:
+        """Cheap ranking proxy for adding an agent: aging of its oldest task x its queue."""
+        age = self.snap.now - self.oldest.get(agent, self.snap.now)
+        return aging(age, self.age_scale_s, max(self.cfg.rho, 1.0)) * min(len(self.waiting.get(agent, ())), 8)
+
+    def task(self, req: RequestView) -> TaskCtx:
+        """The task of `req` (built once per decision)."""
+        task = self.tasks.get(req.task_id)
+        if task is not None:
+            return task
+        snap = self.snap
+        view = self.views.get(req.task_id)
+        arrival = view.arrival_s if view is not None else req.task_arrival_s
+        wf = snap.workflows.get(req.workflow) if req.workflow is not None else None
+        paths = None
+        done: frozenset[str] = _EMPTY
+        if wf is not None and wf.has_stage(req.stage):
+            done = view.done_stages if view is not None else _EMPTY
+            model = self.models.get(wf.name)
+            if model is None:
+                model = self.models[wf.name] = self.paths.model(wf, snap.profile)
+            paths = self._paths(req.task_id, view, model, done)
+        else:
+            wf = None
+        work = paths.work if paths is not None else self.remaining(req)
+        g = aging(snap.now - arrival, self.age_scale_s, self.cfg.rho)
+        if self.cfg.size_weight > 0.0:  # SRPT-like: smaller remaining work, larger weight
+            g *= (self.age_scale_s / max(work, 1e-3 * self.age_scale_s)) ** self.cfg.size_weight
+        task = self.tasks[req.task_id] = TaskCtx(req.task_id, g, paths, wf, done, self.cfg.work_floor)
+        return task
+
+
+def _finishing(item: Item, horizon_s: float) -> bool:
+    """A running request that may finish within the interval (its KV frees itself soon, and
+    preempting it wastes all its work): its remaining service is under the horizon, or it has
+    generated at least the stage's smallest declared output (it may stop at any token)."""
+    if item.delta < horizon_s:
+        return True
+    wf, req = item.task.wf, item.req
+    return wf is not None and wf.has_stage(req.stage) and req.generated + 1 >= wf.stage(req.stage).output_tokens.lo
+
+
+def remaining_service_s(req: RequestView, snap: Snapshot) -> float:
+    """Profiled remaining service of one request (re-prefill if it still has to prefill)."""
+    prof = snap.profile
+    ctx = req.prefix_tokens + req.input_tokens + req.generated
+    decode = req.remaining_tokens * prof.decode_step_s(1, ctx)
+    if req.service_s > 0.0 and req.preemptions == 0:
+        return decode
+    return prof.prefill_s(req.input_tokens + req.generated, req.prefix_tokens) + decode
+
+
+def prior_scales(snap: Snapshot) -> tuple[float, float]:
+    """(mean stage service, mean request service) predicted by the profile, for cold start."""
+    stages = rounds = 0.0
+    n = 0
+    for wf in snap.workflows.values():
+        for st in wf.stages:
+            s = prior_service_s(wf, st.name, snap.profile)
+            stages += s
+            rounds += s / st.requests.mean
+            n += 1
+    if n:
+        return stages / n, rounds / n
+    reqs = snap.waiting + snap.running
+    if not reqs:
+        return 1.0, 1.0
+    mean = sum(remaining_service_s(r, snap) for r in reqs[:64]) / min(64, len(reqs))
+    return mean, mean
+
+
+def build_context(snap: Snapshot, cfg: TopasConfig, credits: CreditStore, profiles: ServiceProfiles,
+                  paths: PathEstimator, scales: tuple[float, float], rem_cache: dict) -> Context:
+    ctx = Context(snap, cfg, credits, profiles, paths)
+    ctx.rem_cache = rem_cache
+    ctx.age_scale_s = profiles.stage_scale(scales[0])
+    ctx.horizon_s = cfg.horizon * profiles.request_scale(scales[1])
+    ctx.quantum_s = max(ctx.horizon_s, 1e-6)
+    ctx.prefix = {p.agent: p for p in snap.prefixes}
+    ctx.tokens = {p.agent: p.tokens for p in snap.prefixes}
+    # Resident: on-GPU or loading prefixes, plus the agents of running requests (which hold
+    # their prefix even if the engine does not list it).
+    ctx.gpu = frozenset([p.agent for p in snap.prefixes if p.on_gpu] + [r.agent for r in snap.running])
+    ctx.views = {t.task_id: t for t in snap.tasks}
+    tokens, waiting, oldest = ctx.tokens, ctx.waiting, ctx.oldest
+    for req in snap.running:
+        if req.agent not in ctx.prefix:  # unregistered agent: the largest claim (conservative)
+            tokens[req.agent] = max(tokens.get(req.agent, 0), req.prefix_tokens)
+        task = ctx.task(req)
+        item = ctx.item(req, task)
+        item.pinned = _finishing(item, ctx.horizon_s)
+        ctx.running.setdefault(req.agent, []).append(item)
+        task.running.append(item)
+        if item.col >= 0:
+            task.base = task.base | {item.red}
+    for task in {id(t): t for t in ctx.tasks.values() if t.running}.values():
+        task.run_value = task.served_value(task.running)
+        ctx.run_value += task.run_value
+    for req in snap.waiting:
+        agent = req.agent
+        group = waiting.get(agent)
+        if group is None:
+            waiting[agent] = [req]
+            oldest[agent] = req.task_arrival_s
+        else:
+            group.append(req)
+            if req.task_arrival_s < oldest[agent]:
+                oldest[agent] = req.task_arrival_s
+    for agent, group in waiting.items():
+        if agent not in ctx.prefix:
+            tokens[agent] = max(tokens.get(agent, 0), max(r.prefix_tokens for r in group))
+    return ctx

@@ -1,0 +1,175 @@
+"""L_i = E[LP(G_i, Z_i)]: expected longest remaining LLM-service path of a task.
+
+The expectation is taken OUTSIDE the longest path (E[max], not max of means). The sources of
+a task's remaining DAG are exactly its ready stages (a stage is ready once all predecessors
+are done), and every descendant of a source has not started, so its service is unconditioned.
+Hence, per sample k:
+
+    LP_k = max over sources j of F[k, j],   F[k, j] = Z_j[k] + Tail_j[k]
+    Tail_j = max over successors c of (X_c + Tail_c)     (reverse topological order)
+
+`Tail_j` depends only on the workflow and the stage distributions, so it is computed once per
+workflow (per distribution epoch); only the residual source columns Z_j = X_j - e_j | X_j > e_j
+are per task. Serving source j for delta seconds lowers F[:, j] by min(delta, Z_j), exactly,
+so the gain of any set of admitted requests of one task (sequential marginals included) is a
+cheap operation on a (samples x sources) matrix.
+
+Exactness: a task with a single source whose tail is a simple chain (every chain workflow, and
+a DAG after its last fork) uses exact means (sum of means, E[min(delta, Z)] over the exact
+residual support); with only point masses all samples coincide and one row is used. Otherwise
+the estimate uses the fixed sample budget with common random numbers (error: docs/topas.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...costmodel import Profile
+from ...workflow import Workflow
+from .profiles import ServiceProfiles, StageDist
+
+
+class WorkflowModel:
+    """Per-workflow sample tails, rebuilt when any of its stage distributions changes."""
+
+    __slots__ = ("wf", "dists", "point", "tail", "tail_mean", "tail_chain", "version")
+
+    def __init__(self, wf: Workflow, dists: dict[str, StageDist], version: tuple[int, ...]) -> None:
+        self.wf = wf
+        self.dists = dists
+        self.version = version
+        self.point = all(d.point for d in dists.values())
+        rows = 1 if self.point else len(next(iter(dists.values())).column)
+        self.tail: dict[str, np.ndarray] = {}
+        self.tail_mean: dict[str, float] = {}
+        self.tail_chain: dict[str, bool] = {}
+        through: dict[str, np.ndarray] = {}  # X_s + Tail_s
+        for name in reversed(wf.topo_order):
+            succ = wf.successors[name]
+            if not succ:
+                tail = np.zeros(rows)
+            elif len(succ) == 1:
+                tail = through[succ[0]]
+            else:
+                tail = np.max(np.stack([through[c] for c in succ]), axis=0)
+            self.tail[name] = tail
+            through[name] = dists[name].column[:rows] + tail
+            chain = len(succ) == 0 or (len(succ) == 1 and self.tail_chain[succ[0]])
+            self.tail_chain[name] = chain
+            if chain and succ:
+                c = succ[0]
+                self.tail_mean[name] = dists[c].mean + self.tail_mean[c]
+            else:
+                self.tail_mean[name] = float(tail.mean()) if succ else 0.0
+
+
+class TaskPaths:
+    """One task state's source matrix; `gain(reductions)` = L - E[LP after serving them]."""
+
+    __slots__ = ("sources", "index", "expected_path", "work", "support", "_exact", "_support", "_Z", "_F", "_memo")
+
+    def __init__(self, model: WorkflowModel, sources: tuple[tuple[str, float], ...],
+                 done: frozenset[str] = frozenset()) -> None:
+        self.sources = tuple(s for s, _ in sources)
+        self.index = {s: j for j, s in enumerate(self.sources)}
+        self._memo: dict = {}  # frozenset of reductions (or one (j, delta)) -> gain
+        self.support: dict[str, np.ndarray] = {}  # residual support of each source (sorted)
+        # W: expected remaining LLM work (every remaining stage, sources at their residual)
+        self.work = sum(d.mean for s, d in model.dists.items() if s not in done and s not in self.index)
+        rows = 1 if model.point else None
+        if len(sources) == 1 and model.tail_chain[sources[0][0]]:
+            stage, attained = sources[0]
+            support, mean, _ = model.dists[stage].residual(attained)
+            self.support[stage] = support
+            self._exact = True
+            self._support = support
+            self._Z = self._F = None
+            self.expected_path = mean + model.tail_mean[stage]
+            self.work += mean
+            return
+        self._exact = False
+        self._support = None
+        cols_z, cols_f = [], []
+        for stage, attained in sources:
+            support, mean, col = model.dists[stage].residual(attained)
+            self.support[stage] = support
+            self.work += mean
+            col = col[:rows] if rows else col
+            cols_z.append(col)
+            cols_f.append(col + model.tail[stage])
+        self._Z = np.column_stack(cols_z)
+        self._F = np.column_stack(cols_f)
+        self.expected_path = float(self._F.max(axis=1).mean())
+
+    def gain1(self, j: int, delta: float) -> float:
+        """`gain` of one reduction, memoised by (j, delta)."""
+        key = (j, delta)
+        hit = self._memo.get(key)
+        if hit is None:
+            if self._exact and len(self._support) == 1:
+                hit = min(delta, float(self._support[0]))
+            else:
+                hit = self.gain(frozenset((key,)))
+            self._memo[key] = hit
+        return hit
+
+    def gain(self, reductions: frozenset[tuple[int, float]]) -> float:
+        """Expected reduction of L when source j receives delta seconds, for each (j, delta)."""
+        if not reductions:
+            return 0.0
+        hit = self._memo.get(reductions)
+        if hit is not None:
+            return hit
+        if self._exact:
+            delta = sum(d for _, d in reductions)  # a single source: all reductions hit it
+            value = float(np.minimum(delta, self._support).mean())
+        else:
+            F = self._F.copy()
+            for j, delta in reductions:
+                F[:, j] -= np.minimum(delta, self._Z[:, j])
+            value = self.expected_path - float(F.max(axis=1).mean())
+        value = max(0.0, value)
+        self._memo[reductions] = value
+        return value
+
+
+class PathEstimator:
+    """Caches workflow models and task path matrices across decisions (keyed by task state)."""
+
+    def __init__(self, profiles: ServiceProfiles, capacity: int = 8192) -> None:
+        self._profiles = profiles
+        self._models: dict[str, WorkflowModel] = {}
+        self._tasks: dict[tuple, TaskPaths] = {}  # insertion order = recency of last use
+        self._capacity = capacity
+        self._ready: dict[tuple[str, frozenset[str]], tuple[str, ...]] = {}
+
+    def begin(self) -> None:
+        """Start a decision: trim the task cache to its capacity (least recently used first)."""
+        excess = len(self._tasks) - self._capacity
+        if excess > 0:
+            for key in list(self._tasks)[: excess + self._capacity // 4]:
+                del self._tasks[key]
+
+    def model(self, wf: Workflow, profile: Profile) -> WorkflowModel:
+        dists = {s.name: self._profiles.dist(wf, s.name, profile) for s in wf.stages}
+        version = tuple(d.serial for d in dists.values())
+        model = self._models.get(wf.name)
+        if model is None or model.version != version or model.wf is not wf:
+            model = self._models[wf.name] = WorkflowModel(wf, dists, version)
+        return model
+
+    def task(self, model: WorkflowModel, done: frozenset[str], attained: dict[str, float]) -> TaskPaths:
+        """Paths of a task whose `done` stages finished; `attained` = active stages' service."""
+        rkey = (model.wf.name, done)
+        ready = self._ready.get(rkey)
+        if ready is None:
+            if len(self._ready) > 4096:
+                self._ready.clear()
+            ready = self._ready[rkey] = model.wf.ready_stages(done)
+        sources = tuple((s, attained.get(s, 0.0)) for s in ready)
+        key = (model.wf.name, model.version, done, sources)
+        paths = self._tasks.pop(key, None)
+        if paths is None:
+            paths = TaskPaths(model, sources, done)
+        self._tasks[key] = paths
+        return paths

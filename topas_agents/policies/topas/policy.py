@@ -1,0 +1,75 @@
+"""The Topas policy object: learns service profiles from events, searches, emits a Decision."""
+
+from __future__ import annotations
+
+from ...snapshot import NOOP, Decision, Snapshot
+from .config import TopasConfig
+from .context import Context, build_context, prior_scales
+from .longest_path import PathEstimator
+from .profiles import ServiceProfiles
+from .search import Choice, search
+from .terms import CreditStore
+
+
+class TopasPolicy:
+    """Task-Oriented Prefix-Aware Scheduler (see docs/topas.md)."""
+
+    def __init__(self, config: TopasConfig | None = None, name: str = "topas") -> None:
+        self.name = name
+        self.config = config or TopasConfig()
+        self.profiles = ServiceProfiles(self.config)
+        self.paths = PathEstimator(self.profiles)
+        self.credits = CreditStore()
+        self._scales: tuple[object, tuple[float, float]] | None = None
+        self._rem: dict[str, tuple] = {}  # remaining-service estimates, kept while used
+        self._task_memo: dict[str, tuple] = {}  # see Context.task_memo
+
+    def decide(self, snap: Snapshot) -> Decision:
+        self.profiles.observe(snap.events)
+        self.credits.sweep(r.rid for r in snap.running)
+        if not snap.waiting and (self.config.beta <= 0.0 or not snap.running):
+            return NOOP
+        self.paths.begin()
+        ctx = build_context(snap, self.config, self.credits, self.profiles, self.paths, self._prior(snap), self._rem)
+        ctx.task_memo = self._task_memo
+        choice = search(ctx)
+        if len(self._rem) > 4 * (len(snap.waiting) + len(snap.running) + 64):
+            live = {r.rid for r in snap.waiting} | {r.rid for r in snap.running}
+            self._rem = {k: v for k, v in self._rem.items() if k in live}
+        if len(self._task_memo) > 4 * (len(snap.tasks) + 64):
+            live = {t.task_id for t in snap.tasks}
+            self._task_memo = {k: v for k, v in self._task_memo.items() if k in live}
+        if choice is None:
+            return NOOP
+        return self._emit(ctx, choice)
+
+    def _prior(self, snap: Snapshot) -> tuple[float, float]:
+        key = (tuple(sorted(snap.workflows)), snap.profile)
+        if self._scales is None or self._scales[0] != key:
+            self._scales = (key, prior_scales(snap))
+        return self._scales[1]
+
+    def _emit(self, ctx: Context, choice: Choice) -> Decision:
+        pack, k = choice.pack, choice.k
+        admits = pack.admits[:k]
+        admit_agents = {it.req.agent for it in admits}
+        reuse: dict[str, float] = {}
+        if self.config.beta > 0.0:
+            served = [it for a in pack.agents for it in ctx.running.get(a, ())] + admits
+            for it in served:
+                for agent, value in ctx.reuse(it):
+                    reuse[agent] = reuse.get(agent, 0.0) + value
+        resident = {a for a in pack.agents if a in ctx.gpu or a in admit_agents or reuse.get(a, 0.0) > 0.0}
+        prefix_out = tuple(sorted(a for a in ctx.gpu if a not in resident and a in ctx.prefix))
+        proactive = [a for a in resident if a not in ctx.gpu and a not in admit_agents and a in ctx.prefix]
+        proactive.sort(key=lambda a: (-reuse.get(a, 0.0), a))
+        for it in pack.preempt:
+            self.credits.revoke(it.req.rid)
+        for it, value in zip(admits, pack.credit, strict=False):
+            self.credits.grant(it.req.rid, value)
+        return Decision(
+            admit=tuple(it.req.rid for it in admits),
+            preempt=tuple(it.req.rid for it in pack.preempt),
+            prefix_in=tuple(proactive),
+            prefix_out=prefix_out,
+        )

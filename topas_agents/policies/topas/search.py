@@ -1,0 +1,154 @@
+"""Hierarchical state search over prefix sets R' (each packed by GreedyPack).
+
+Small pools (<= M agents) are enumerated exhaustively; larger ones start from the incumbent
+(the current resident set) with greedy single additions, one pair test at the first stall,
+then drop and swap repairs. The incumbent's own pack is always a candidate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+
+from .context import Context
+from .pack import PackResult, greedy_pack
+
+
+@dataclass(slots=True)
+class Choice:
+    pack: PackResult
+    k: int  # admissions taken from pack.admits
+    score: float
+    changes: int  # prefixes that change residency (tie-breaker: fewer moves win)
+
+
+def _better(score: float, changes: int, best_score: float, best_changes: int) -> bool:
+    """Strictly better score, or an equal one (to rounding) with fewer prefix changes."""
+    tol = 1e-9 * max(1.0, abs(score), abs(best_score))
+    if score > best_score + tol:
+        return True
+    return score >= best_score - tol and changes < best_changes
+
+
+class Search:
+    """Memoised packs of one decision; tracks the best state and the best non-empty one."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.packs: dict[frozenset[str], PackResult | None] = {}
+        self.best: Choice | None = None
+        self.best_nonempty: Choice | None = None
+
+    def evaluate(self, agents: frozenset[str]) -> float:
+        """Score of the best state with prefix set `agents` (-inf when infeasible)."""
+        if agents in self.packs:
+            pack = self.packs[agents]
+            return pack.best()[0] if pack is not None else float("-inf")
+        pack = self.packs[agents] = greedy_pack(self.ctx, agents)
+        if pack is None:
+            return float("-inf")
+        changes = len(agents ^ self.ctx.gpu)
+        for nonempty in (False, True):
+            if nonempty and pack.preempt:
+                continue  # the fallback must add work, not trade it
+            score, k = pack.best(nonempty)
+            if k < 0:
+                continue
+            incumbent = self.best_nonempty if nonempty else self.best
+            if incumbent is None or _better(score, changes, incumbent.score, incumbent.changes):
+                choice = Choice(pack, k, score, changes)
+                if nonempty:
+                    self.best_nonempty = choice
+                else:
+                    self.best = choice
+        return pack.best()[0]
+
+    def choice(self) -> Choice | None:
+        """The best state. A state that admits nothing and preempts nothing (the empty
+        incumbent) is dropped when a state exists that admits work without preempting any."""
+        best = self.best
+        if best is not None and best.k == 0 and not best.pack.preempt and self.best_nonempty is not None:
+            return self.best_nonempty
+        return best
+
+
+def active_pool(ctx: Context) -> list[str]:
+    """Agents with waiting or running requests, resident ones, and V_reuse targets."""
+    pool = set(ctx.waiting) | set(ctx.running) | set(ctx.gpu)
+    if ctx.cfg.beta > 0.0:
+        for items in ctx.running.values():
+            for it in items:
+                pool.update(a for a, _ in ctx.reuse(it) if a in ctx.prefix)
+    return sorted(pool)
+
+
+def search(ctx: Context) -> Choice | None:
+    pool = active_pool(ctx)
+    s = Search(ctx)
+    incumbent = frozenset(ctx.gpu)
+    s.evaluate(incumbent)
+    if len(pool) <= ctx.cfg.enum_agents:
+        _enumerate(s, pool)
+    else:
+        _greedy(s, pool, incumbent)
+    return s.choice()
+
+
+def _enumerate(s: Search, pool: list[str]) -> None:
+    ctx = s.ctx
+    budget = ctx.snap.kv_budget
+    tokens = [ctx.tokens[a] for a in pool]
+    useful = [bool(ctx.waiting.get(a)) or bool(ctx.running.get(a)) or a in ctx.gpu for a in pool]
+    for mask in range(1 << len(pool)):
+        total = 0
+        ok = True
+        for i in range(len(pool)):
+            if mask >> i & 1:
+                total += tokens[i]
+                if not useful[i] and ctx.cfg.beta <= 0.0:
+                    ok = False
+        if ok and total <= budget:
+            s.evaluate(frozenset(a for i, a in enumerate(pool) if mask >> i & 1))
+
+
+def _greedy(s: Search, pool: list[str], incumbent: frozenset[str]) -> None:
+    ctx = s.ctx
+    width = ctx.cfg.width
+    demand = {a: ctx.demand(a) for a in pool if a not in incumbent and ctx.waiting.get(a)}
+    ranked = sorted(demand, key=lambda a: (-demand[a], a))
+    current, score = incumbent, s.evaluate(incumbent)
+    pair_tested = False
+    while True:
+        outside = [a for a in ranked if a not in current][:width]
+        trials = [(s.evaluate(current | {a}), a) for a in outside]
+        better = max(trials, default=(float("-inf"), ""), key=lambda t: (t[0], [-ord(c) for c in t[1]]))
+        if better[0] > score:
+            current, score = current | {better[1]}, better[0]
+            continue
+        if pair_tested:
+            break
+        pair_tested = True
+        pairs = [(s.evaluate(current | {a, b}), (a, b)) for a, b in combinations(outside[:width], 2)]
+        best_pair = max(pairs, default=(float("-inf"), ()), key=lambda t: t[0])
+        if best_pair[0] > score:
+            current, score = current | set(best_pair[1]), best_pair[0]
+            continue
+        break
+    _repair(s, ranked, current, score)
+
+
+def _repair(s: Search, ranked: list[str], current: frozenset[str], score: float) -> None:
+    width = s.ctx.cfg.width
+    for _ in range(2):
+        improved = False
+        outside = [a for a in ranked if a not in current][:width]
+        for a in sorted(current):
+            trials = [current - {a}] + [(current - {a}) | {b} for b in outside]
+            for trial in trials:
+                value = s.evaluate(frozenset(trial))
+                if value > score:
+                    current, score, improved = frozenset(trial), value, True
+            if improved:
+                break
+        if not improved:
+            return

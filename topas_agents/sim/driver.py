@@ -1,0 +1,155 @@
+"""Workflow traces and the offline driver: tasks -> stages -> ReAct rounds -> engine requests."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import numpy as np
+
+from ..costmodel import Profile
+from ..errors import ConfigError
+from ..policies import Policy
+from ..workflow import TaskPlan, Workflow, sample_task
+from .engine import SimEngine
+from .types import EngineRequest, RunResult, StallError, TaskResult
+
+
+def make_trace(workflow: Workflow, n_tasks: int, rate: float, seed: int) -> tuple[TaskPlan, ...]:
+    """`n_tasks` tasks with Poisson arrivals at `rate` tasks/s, ids f"{wf.name}-{i}".
+
+    Arrival gaps and task contents use separate seeded streams, so the same seed at another
+    rate yields the same tasks arriving at other times (loads are comparable).
+    """
+    if n_tasks < 0:
+        raise ConfigError(f"n_tasks must be >= 0, got {n_tasks}")
+    if not rate > 0:
+        raise ConfigError(f"arrival rate must be > 0 tasks/s, got {rate}")
+    gaps = random.Random(f"arrivals-{seed}")
+    sizes = random.Random(seed)
+    t = 0.0
+    plans = []
+    for i in range(n_tasks):
+        t += gaps.expovariate(rate)
+        plans.append(sample_task(workflow, f"{workflow.name}-{i}", t, sizes))
+    return tuple(plans)
+
+
+class _TaskRun:
+    __slots__ = ("plan", "done", "finish_s")
+
+    def __init__(self, plan: TaskPlan) -> None:
+        self.plan = plan
+        self.done: set[str] = set()
+        self.finish_s: float | None = None
+
+
+class _Driver:
+    """Releases stages as their predecessors finish and rounds as tool waits elapse."""
+
+    def __init__(self, engine: SimEngine, trace: Sequence[TaskPlan],
+                 progress: Callable[[int, int], None] | None) -> None:
+        self.engine = engine
+        self.runs = [_TaskRun(tp) for tp in trace]
+        self.progress = progress
+        self.completed = 0
+        self.requests = 0
+        self.inflight: dict[str, tuple[_TaskRun, str, int]] = {}
+        engine.on_finish = self._on_finish
+        for tr in self.runs:
+            engine.call_at(tr.plan.arrival_s, partial(self._arrive, tr))
+
+    def _arrive(self, tr: _TaskRun) -> None:
+        for stage in tr.plan.workflow.roots:
+            self._submit(tr, stage, 0)
+
+    def _submit(self, tr: _TaskRun, stage: str, k: int) -> None:
+        plan, wf = tr.plan, tr.plan.workflow
+        spec, rnd = wf.stage(stage), plan.rounds[stage][k]
+        rid = f"{plan.task_id}/{stage}/{k}"
+        self.inflight[rid] = (tr, stage, k)
+        self.engine.submit(EngineRequest(
+            rid=rid, task_id=plan.task_id, workflow=wf.name, stage=stage, agent=spec.agent,
+            prefix_tokens=wf.prefix_tokens(spec.agent), input_tokens=rnd.input_tokens,
+            output_tokens=rnd.output_tokens,
+            # The client's limit is the stage's declared upper bound: KV is reserved for it.
+            max_new_tokens=max(spec.output_tokens.hi, rnd.output_tokens),
+            round=k, task_arrival_s=plan.arrival_s,
+        ))
+
+    def _on_finish(self, rid: str, t: float) -> None:
+        tr, stage, k = self.inflight.pop(rid)
+        self.requests += 1
+        wf = tr.plan.workflow
+        if k + 1 < len(tr.plan.rounds[stage]):
+            wait = wf.stage(stage).tool_wait_s
+            if wait > 0:
+                self.engine.call_at(t + wait, partial(self._submit, tr, stage, k + 1))
+            else:
+                self._submit(tr, stage, k + 1)
+            return
+        self.engine.stage_done(tr.plan.task_id, stage)
+        tr.done.add(stage)
+        for succ in wf.successors[stage]:
+            if all(d in tr.done for d in wf.stage(succ).after):
+                self._submit(tr, succ, 0)
+        if len(tr.done) == len(wf.stages):
+            tr.finish_s = t
+            self.engine.task_done(tr.plan.task_id)
+            self.completed += 1
+            if self.progress is not None:
+                self.progress(self.completed, len(self.runs))
+
+
+def simulate(trace: Sequence[TaskPlan], policy: Policy, profile: Profile, *, kv_budget: int | None = None,
+             host_tier: bool | None = None, check: bool = False,
+             progress: Callable[[int, int], None] | None = None) -> RunResult:
+    """Run `trace` to completion on a fresh SimEngine under `policy`."""
+    workflows: dict[str, Workflow] = {}
+    for tp in trace:
+        workflows.setdefault(tp.workflow.name, tp.workflow)
+    engine = SimEngine(profile, policy, kv_budget=kv_budget, host_tier=host_tier, workflows=workflows,
+                       check=check)
+    driver = _Driver(engine, trace, progress)
+    engine.run()
+    if driver.completed < len(driver.runs):
+        raise StallError(
+            f"simulation stalled at t={engine.now:.3f}s: policy {getattr(policy, 'name', policy)!r} left "
+            f"{engine.waiting_count} requests waiting and {engine.running_count} running, "
+            f"{len(driver.runs) - driver.completed} of {len(driver.runs)} tasks unfinished"
+        )
+    return _result(getattr(policy, "name", type(policy).__name__), driver, engine)
+
+
+def _result(policy: str, driver: _Driver, engine: SimEngine) -> RunResult:
+    stats = engine.stats()
+    tasks = tuple(
+        TaskResult(tr.plan.task_id, tr.plan.workflow.name, tr.plan.arrival_s, tr.finish_s,
+                   tr.finish_s - tr.plan.arrival_s)
+        for tr in driver.runs if tr.finish_s is not None
+    )
+    jct = np.array([t.jct_s for t in tasks], dtype=float)
+    if len(tasks):
+        start = min(t.arrival_s for t in tasks)
+        makespan = max(t.finish_s for t in tasks) - start
+        first = min(t.finish_s for t in tasks) - start
+    else:
+        makespan = first = 0.0
+    return RunResult(
+        policy=policy,
+        tasks=tasks,
+        makespan_s=makespan,
+        mean_jct=float(jct.mean()) if len(jct) else 0.0,
+        p99_jct=float(np.percentile(jct, 99)) if len(jct) else 0.0,
+        first_task_s=first,
+        throughput_rps=driver.requests / makespan if makespan > 0 else 0.0,
+        mean_batch=stats.mean_batch,
+        prefix_swaps=stats.prefix_swaps_in + stats.prefix_swaps_out,
+        prefix_recomputes=stats.prefix_recomputes,
+        preemptions=stats.preemptions,
+        decision_ms_mean=stats.decision_ms_mean,
+        decision_ms_p99=stats.decision_ms_p99,
+        requests=driver.requests,
+        stats=stats,
+    )
