@@ -67,3 +67,15 @@ def test_usage_errors_are_one_line_and_exit_2(argv, message, tmp_path, capsys):
     assert main([*argv, "--root", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_max_tokens_flag_maps_to_run_options():
+    from topas_agents.errors import ConfigError
+    from topas_agents.integrations.metagpt.cli_support import max_tokens_options
+
+    assert max_tokens_options(None, external=False) == {"send_max_tokens": False}  # simulator samples
+    assert max_tokens_options(None, external=True) == {"send_max_tokens": True}  # MetaGPT's 4096
+    assert max_tokens_options(0, external=True) == {"send_max_tokens": False}
+    assert max_tokens_options(512, external=False) == {"send_max_tokens": True, "max_tokens": 512}
+    with pytest.raises(ConfigError):
+        max_tokens_options(-1, external=False)

@@ -144,7 +144,7 @@ def test_echo_summarises_other_prompts_and_can_be_extended() -> None:
     custom = EchoResponder().with_rule("lgtm", lambda c: "LGTM" if "review" in c.last_user else None)
     assert custom.respond(_ctx("please review")) == "LGTM"
     assert custom.respond(_ctx("hi")) == "Echo: hi"
-    assert [n for n, _ in custom.rules] == ["content_block", "code", "lgtm", "summary"]
+    assert [n for n, _ in custom.rules] == ["content_block", "metagpt", "code", "lgtm", "summary"]
 
 
 def test_lorem_has_the_requested_length() -> None:

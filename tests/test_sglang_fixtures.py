@@ -21,12 +21,17 @@ pytest.importorskip("sglang")
 
 import torch  # noqa: E402  (after the skip: torch comes with SGLang)
 from sglang.srt.disaggregation.utils import DisaggregationMode  # noqa: E402
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
+from sglang.srt.managers.schedule_batch import (  # noqa: E402
+    FINISH_LENGTH,  # noqa: E402
+    Req,
+    ScheduleBatch,
+)
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, SchedulePolicy  # noqa: E402
 from sglang.srt.managers.scheduler import Scheduler  # noqa: E402
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa: E402
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.mem_cache.common import release_kv_cache  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.components import ComponentType  # noqa: E402
@@ -41,10 +46,10 @@ from topas_agents.server.sglang.config import PluginConfig  # noqa: E402
 from topas_agents.snapshot import NOOP, Decision, Snapshot  # noqa: E402
 
 __all__ = [
-    "NOOP", "AddReqResult", "Decision", "HookRegistry", "InsertParams", "MatchPrefixParams",
+    "NOOP", "AddReqResult", "Decision", "EvictParams", "HookRegistry", "InsertParams", "MatchPrefixParams",
     "RadixCache", "RadixKey", "Req", "ScheduleBatch", "Scheduler", "SchedulePolicy", "Snapshot",
     "World", "applied_hooks", "make_adapter", "make_req", "published", "ScriptedPolicy",
-    "sglang_prefill",
+    "sglang_prefill", "finish",
 ]
 
 
@@ -106,6 +111,9 @@ class World:
         """Put `ids` in the tree as an earlier, finished request would have."""
         self.tree.insert(InsertParams(key=RadixKey(array("q", ids)), value=self.alloc.alloc(len(ids))))
 
+    def evict_all(self) -> None:
+        self.tree.evict(EvictParams(num_tokens=10**9))
+
     def device_match(self, ids: Sequence[int]) -> int:
         return self.tree.match_prefix(MatchPrefixParams(key=RadixKey(array("q", ids)))).device_prefix_len
 
@@ -121,6 +129,14 @@ class World:
         else:
             self.running.merge_batch(batch)
         return batch
+
+
+def finish(world: World, req: Any) -> None:
+    """What SGLang does when a request finishes: cache its KV in the tree, free its row,
+    drop it from the running batch."""
+    req.finished_reason = FINISH_LENGTH(length=len(req.output_ids))
+    release_kv_cache(req, world.tree, checkpoint=True)
+    world.running.filter_batch()
 
 
 _MODEL_CONFIG = types.SimpleNamespace(vocab_size=512, is_encoder_decoder=False,
@@ -199,13 +215,16 @@ def applied_hooks(specs: Sequence[tuple[str, Any, str]]) -> Iterator[None]:
         for obj, attr, raw in reversed(saved):
             current = obj.__dict__[attr] if isinstance(obj, type) else getattr(obj, attr)
             setattr(obj, attr, raw)
-            unwrap = (lambda f: f.__func__ if isinstance(f, staticmethod | classmethod) else f)
-            if unwrap(current) is not unwrap(raw):
-                _propagate_patch(unwrap(current), unwrap(raw), obj)
+            if _unwrap(current) is not _unwrap(raw):
+                _propagate_patch(_unwrap(current), _unwrap(raw), obj)
         HookRegistry._hooks.clear()
         HookRegistry._hooks.update(hooks_before)
         HookRegistry._patched.clear()
         HookRegistry._patched.update(patched_before)
+
+
+def _unwrap(attr: Any) -> Any:
+    return attr.__func__ if isinstance(attr, staticmethod | classmethod) else attr
 
 
 @pytest.fixture
@@ -215,7 +234,8 @@ def no_adapter() -> Iterator[None]:
     plugin.uninstall()
 
 
-def test_fixtures_build_a_real_prefill(published: Any) -> None:
+@pytest.mark.usefixtures("published")
+def test_fixtures_build_a_real_prefill() -> None:
     w = World()
     reqs = [make_req("a", range(1, 41)), make_req("b", range(100, 120))]
     w.sched.waiting_queue = list(reqs)

@@ -88,7 +88,7 @@ def test_preemption_prices_redo_and_revokes_credit():
     prefixes = {"a": (4096, "cpu"), "b": (4096, "gpu")}
     s2 = snap(now=1.0, budget=8000, running=[running], waiting=old, tasks=tasks, prefixes=prefixes)
     ctx = _context(s2)
-    [item] = ctx.running["b"]
+    [item] = ctx.running_items("b")
     expected_redo = item.task.g * PROFILE.prefill_s(512 + 10, 4096)
     ctx.credits.grant("y/s1", credit)
     assert ctx.preempt_cost(item) == pytest.approx(expected_redo + credit)  # J_redo + J_revoke

@@ -34,7 +34,7 @@ _LAZY = {
     "TopasOpenAILLM": "provider",
     "ProviderOptions": "provider",
     "register_topas_provider": "provider",
-    "metagpt_context": "provider",
+    "metagpt_context": "context",
     "fast_retries": "patches",
     "CallRecorder": "recorder",
     "RunOptions": "runner",

@@ -50,10 +50,22 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model name sent to the server (default topas-sim)")
     p.add_argument("--no-restructure", action="store_true",
                    help="keep MetaGPT's stock prompt layout (static text after the context)")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="max_tokens sent per call; 0: omit (default: omitted on the embedded server, which "
+                   "then samples output lengths from the workflow; MetaGPT's 4096 with --server)")
     p.add_argument("--parse-retries", type=positive_int, default=None, metavar="N",
                    help="MetaGPT retries of unparsable replies (default: MetaGPT's 6, with waits)")
     p.add_argument("--json", metavar="OUT", help="write the results as JSON")
     p.add_argument("--verbose", action="store_true", help="show MetaGPT's log (INFO) on stderr")
+
+
+def max_tokens_options(max_tokens: int | None, external: bool) -> dict[str, Any]:
+    """`--max-tokens` -> RunOptions fields (send_max_tokens, max_tokens)."""
+    if max_tokens is None:
+        return {"send_max_tokens": external}
+    if max_tokens < 0:
+        raise ConfigError(f"--max-tokens must be >= 0, got {max_tokens}")
+    return {"send_max_tokens": False} if max_tokens == 0 else {"send_max_tokens": True, "max_tokens": max_tokens}
 
 
 @contextlib.contextmanager

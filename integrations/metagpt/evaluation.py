@@ -5,7 +5,9 @@ Rate units: tasks per simulated second on the embedded server (arrival offsets a
 by `time_scale` to get wall time), tasks per wall second against `--server`. JCT is the
 server's (`/v1/topas/stats`, simulated seconds) when it reports one, else the client's
 (first call submitted -> last call done, recorder clock). Failed tasks are counted and
-excluded from the JCT statistics.
+excluded from the JCT statistics. `in LLM` (mean_llm_s) is JCT minus the client's own time
+between a task's calls (MetaGPT's processing, scaled by time_scale on the embedded server):
+the part of the JCT that the server's scheduling decides.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 from topas_agents.errors import ConfigError
 
+from .cli_support import max_tokens_options
 from .config_file import DEFAULT_ROOT
 from .recorder import CallRecord, CallRecorder, scaled_clock
 from .runner import (
@@ -59,6 +62,7 @@ class EvalConfig:
     restructure: bool = True
     parse_retries: int | None = 2
     model: str | None = None
+    max_tokens: int | None = None  # None: omitted (embedded) / MetaGPT's 4096 (--server); 0: omit
 
     def __post_init__(self) -> None:
         if not (self.rate > 0 and math.isfinite(self.rate)):
@@ -106,8 +110,11 @@ def client_jct(records: Sequence[CallRecord]) -> float | None:
 def summarize(results: Sequence[TaskResult]) -> dict[str, Any]:
     ok = [r for r in results if r.success]
     jcts = [r.jct_s for r in ok if r.jct_s is not None]
+    # JCT minus the client's own time between calls: the part the server's scheduling decides
+    llm = [r.jct_s - r.client_gaps_s for r in ok if r.jct_s is not None]
     return {"tasks": len(results), "succeeded": len(ok), "failed": len(results) - len(ok),
             "mean_jct_s": sum(jcts) / len(jcts) if jcts else None, "p99_jct_s": _quantile(jcts, 0.99),
+            "mean_llm_s": sum(llm) / len(llm) if llm else None,
             "calls": sum(r.calls for r in results),
             "mean_wall_s": sum(r.wall_s for r in results) / len(results) if results else None}
 
@@ -118,9 +125,10 @@ async def _run_policy(policy: str, url: str, config: EvalConfig, specs: list[Tas
     wf = label_workflow(config.workflow)
     register_workflow(url, wf)
     recorder = CallRecorder(scaled_clock(clock_scale))
+    extra: dict[str, Any] = {"model": config.model} if config.model else {}
+    extra.update(max_tokens_options(config.max_tokens, external=config.server is not None))
     options = RunOptions(base_url=url, workflow=config.workflow, root=config.root,
-                         restructure=config.restructure, send_max_tokens=config.server is not None,
-                         parse_retries=config.parse_retries, **({"model": config.model} if config.model else {}))
+                         restructure=config.restructure, parse_retries=config.parse_retries, **extra)
     results = await run_tasks(specs, options, recorder, arrivals_s=[a / clock_scale for a in arrivals],
                               on_done=on_done)
     results = attach_server_view(results, fetch_stats(url))
@@ -180,10 +188,11 @@ def format_table(doc: dict[str, Any]) -> str:
         return "-" if x is None else f"{x:.1f}"
 
     unit = "sim s" if doc.get("time_scale") else "s"
-    head = f"{'policy':<10} {'tasks':>5} {'ok':>4} {'mean JCT':>10} {'p99 JCT':>10} {'calls':>6}  ({unit})"
+    head = (f"{'policy':<10} {'tasks':>5} {'ok':>4} {'mean JCT':>10} {'p99 JCT':>10} {'in LLM':>10} "
+            f"{'calls':>6}  ({unit})")
     rows = [head, "-" * len(head)]
     for policy, entry in doc["policies"].items():
         s = entry["summary"]
         rows.append(f"{policy:<10} {s['tasks']:>5} {s['succeeded']:>4} {num(s['mean_jct_s']):>10} "
-                    f"{num(s['p99_jct_s']):>10} {s['calls']:>6}")
+                    f"{num(s['p99_jct_s']):>10} {num(s['mean_llm_s']):>10} {s['calls']:>6}")
     return "\n".join(rows)

@@ -231,6 +231,7 @@ class Adapter:
             self.stats["preempted"] += len(retracted)
             for req in retracted:
                 self._kept.pop(req.rid, None)
+                self.book.mark(req.rid, "waiting", snap.now)
         for agent in decision.prefix_out:
             self.residency.prefix_out(agent)
         loads = {agent: self.residency.prefix_in(agent) for agent in decision.prefix_in}
@@ -253,6 +254,7 @@ class Adapter:
             meta = self.book.meta.get(req.rid)
             if meta is not None:
                 self.residency.admit(meta.agent, now)
+                self.book.mark(req.rid, "running", now)
             self._kept[req.rid] = next(self._seq)
         self.stats["admitted"] += len(ran)
         if self._record is not None and self._log is not None:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from ...costmodel import DEFAULT_PROFILE, load_profile
 from ...errors import ConfigError
@@ -67,7 +68,10 @@ def build_command(args: argparse.Namespace, extra_argv: Sequence[str]) -> list[s
     extra = list(extra_argv)
     if extra[:1] == ["--"]:
         extra = extra[1:]
-    cmd = [sys.executable, "-m", "sglang.launch_server"]
+    # -P (3.11+): keep the working directory off sys.path; from the repo root our top-level
+    # datasets/ would shadow Hugging Face `datasets` inside SGLang and its spawned children.
+    safe = ["-P"] if sys.version_info >= (3, 11) else []
+    cmd = [sys.executable, *safe, "-m", "sglang.launch_server"]
     model_path = getattr(args, "model_path", None)
     if model_path and not _has_flag(extra, "--model-path"):
         cmd += ["--model-path", str(model_path)]
@@ -83,6 +87,16 @@ def build_command(args: argparse.Namespace, extra_argv: Sequence[str]) -> list[s
 def plugin_installed() -> bool:
     return any(ep.name == PLUGIN_NAME and ep.value == PLUGIN_TARGET
                for ep in entry_points(group="sglang.srt.plugins"))
+
+
+def write_entry_point_shim(directory: str | Path) -> Path:
+    """A minimal `.dist-info` declaring the plugin entry point; put the returned directory on
+    PYTHONPATH where the installed package metadata lacks it (gpu_smoke.sh, tests)."""
+    info = Path(directory) / "topas_sglang_plugin_shim-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: topas-sglang-plugin-shim\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[sglang.srt.plugins]\n{PLUGIN_NAME} = {PLUGIN_TARGET}\n")
+    return info.parent
 
 
 def build_env(config: PluginConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:

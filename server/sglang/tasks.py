@@ -87,6 +87,17 @@ class RequestBook:
                 ended.append(rid)
         return ended
 
+    def mark(self, rid: str, state: ReqState, now: float) -> None:
+        """Record a transition the adapter caused itself (admission, preemption) right away."""
+        m = self.meta.get(rid)
+        if m is None:
+            return
+        if state == "running" and m.state != "running":
+            m.state, m.run_since = "running", now
+        elif state == "waiting":
+            self._stop(m, now)
+            m.state = "waiting"
+
     def end(self, rid: str, ok: bool, now: float) -> None:
         m = self.meta.pop(rid, None)
         if m is None:

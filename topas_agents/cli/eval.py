@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                         profile=args.profile, kv_budget=args.kv_budget, seed=args.seed, root=Path(args.root),
                         restructure=not args.no_restructure,
                         parse_retries=args.parse_retries if args.parse_retries is not None else 2,
-                        model=args.model)
+                        model=args.model, max_tokens=args.max_tokens)
     show = not args.no_progress and sys.stderr.isatty()
     with stdout_to_stderr():
         doc = asyncio.run(evaluate(config, prompts, progress=show,

@@ -56,12 +56,13 @@ def _specs(args: argparse.Namespace) -> list[Any]:
 
 
 def _options(args: argparse.Namespace, url: str) -> Any:
+    from ..integrations.metagpt.cli_support import max_tokens_options
     from ..integrations.metagpt.runner import RunOptions
 
     extra = {"model": args.model} if args.model else {}
+    extra.update(max_tokens_options(args.max_tokens, external=args.server is not None))
     return RunOptions(base_url=url, workflow=args.workflow, root=args.root, restructure=not args.no_restructure,
-                      send_max_tokens=args.server is not None, code_review=not args.no_code_review, qa=args.qa,
-                      parse_retries=args.parse_retries, **extra)
+                      code_review=not args.no_code_review, qa=args.qa, parse_retries=args.parse_retries, **extra)
 
 
 async def _run(args: argparse.Namespace, url: str, scale: float) -> tuple[list[Any], Any]:

@@ -33,7 +33,14 @@ class TopasConfig:
     horizon     the scheduling interval, as a multiple of the observed mean request
                 service: progress credited to a request is min(its remaining service,
                 horizon * mean request service).
-    width       greedy search: outside agents tried per step (ranked by demand).
+    width       greedy search: outside agents tried per step (ranked by demand), and members
+                tried by the drop/swap repairs.
+    max_additions  greedy search: most agents added per decision (bounds the cost on large
+                budgets; the set keeps growing at the next decisions).
+    size_weight SRPT-like task weight (H/W)^size_weight, W = expected remaining work of the task
+                (0: the weight is aging alone).
+    work_floor  progress of a request is at least work_floor x the service it receives, also
+                off the critical path (0: pure critical-path gain; 1: pure work).
     seed        seed of the sample matrix (decisions are deterministic given it).
     """
 
@@ -45,10 +52,11 @@ class TopasConfig:
     samples: int = 64
     history: int = 64
     refresh: int = 8
-    horizon: float = 0.1
+    horizon: float = 0.3
     width: int = 4
+    max_additions: int = 8
     size_weight: float = 1.0
-    work_floor: float = 0.5
+    work_floor: float = 0.25
     seed: int = 0
 
 
@@ -64,6 +72,7 @@ _LIMITS: dict[str, tuple[type, float, float | None]] = {
     "refresh": (int, 1, None),
     "horizon": (float, 1e-6, None),
     "width": (int, 1, 64),
+    "max_additions": (int, 1, 1024),
     "size_weight": (float, 0.0, None),
     "work_floor": (float, 0.0, 1.0),
     "seed": (int, 0, None),

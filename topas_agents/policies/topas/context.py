@@ -28,7 +28,14 @@ class TaskCtx:
     kappa: float = 0.0  # work floor of progress (config.work_floor)
     base: frozenset = _EMPTY  # (source, delta) of its running requests (served if retained)
     running: list = field(default_factory=list)  # its running Items
-    run_value: float = 0.0  # weighted progress of all its running requests over the horizon
+    _run_value: float | None = None
+
+    @property
+    def run_value(self) -> float:
+        """Weighted progress of all its running requests over the horizon."""
+        if self._run_value is None:
+            self._run_value = self.served_value(self.running)
+        return self._run_value
 
     def progress(self, reds: frozenset) -> float:
         """Expected reduction of L when each source j in `reds` receives delta_j, floored at
@@ -79,7 +86,6 @@ class Context:
     credits: CreditStore
     profiles: ServiceProfiles
     paths: PathEstimator
-    run_value: float = 0.0  # sum of the tasks' run_value (every running request retained)
     horizon_s: float = 0.0
     quantum_s: float = 1.0  # grid of attained service in task-state keys (one horizon)
     age_scale_s: float = 1.0
@@ -87,7 +93,11 @@ class Context:
     prefix: dict[str, PrefixView] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=dict)
     tasks: dict[str, TaskCtx] = field(default_factory=dict)
-    running: dict[str, list[Item]] = field(default_factory=dict)  # by agent
+    running_reqs: dict[str, list[RequestView]] = field(default_factory=dict)  # by agent
+    running_kv: dict[str, int] = field(default_factory=dict)  # by agent
+    running_by_task: dict[str, list[RequestView]] = field(default_factory=dict)
+    reuse_pairs: dict[tuple[str, str], float] = field(default_factory=dict)  # (src, child) -> value
+    _running: dict[str, list[Item]] = field(default_factory=dict)  # by agent, built lazily
     waiting: dict[str, list[RequestView]] = field(default_factory=dict)  # by agent
     oldest: dict[str, float] = field(default_factory=dict)  # earliest task arrival per agent
     views: dict[str, TaskView] = field(default_factory=dict)
@@ -132,6 +142,18 @@ class Context:
                         out.append((agent, task.g * imm * reload_cost(tokens, self.snap.profile)))
         item.reuse = tuple(out)
         return item.reuse
+
+    # ------------------------------------------------------------------ running requests
+    def running_items(self, agent: str) -> list[Item]:
+        """Items of the running requests of `agent` (built on first use)."""
+        hit = self._running.get(agent)
+        if hit is None:
+            hit = self._running[agent] = [self._running_item(r) for r in self.running_reqs.get(agent, ())]
+        return hit
+
+    def _running_item(self, req: RequestView) -> Item:
+        task = self.task(req)
+        return next(it for it in task.running if it.req.rid == req.rid)
 
     # ------------------------------------------------------------------ candidates
     def candidates(self, agent: str) -> list[Item]:
@@ -218,7 +240,25 @@ class Context:
         if self.cfg.size_weight > 0.0:  # SRPT-like: smaller remaining work, larger weight
             g *= (self.age_scale_s / max(work, 1e-3 * self.age_scale_s)) ** self.cfg.size_weight
         task = self.tasks[req.task_id] = TaskCtx(req.task_id, g, paths, wf, done, self.cfg.work_floor)
+        for r in self.running_by_task.get(req.task_id, ()):
+            item = self.item(r, task)
+            item.pinned = _finishing(item, self.horizon_s)
+            task.running.append(item)
+            if item.col >= 0:
+                task.base = task.base | {item.red}
         return task
+
+
+def _running_reuse(ctx: Context) -> None:
+    """V_reuse pairs of the running requests. A stage cannot finish before its current
+    request does, so only requests that may finish within the horizon are looked at."""
+    for req in ctx.snap.running:
+        if req.workflow is None or ctx.remaining(req) > ctx.horizon_s:
+            continue
+        item = ctx._running_item(req)
+        for child, value in ctx.reuse(item):
+            key = (req.agent, child)
+            ctx.reuse_pairs[key] = ctx.reuse_pairs.get(key, 0.0) + value
 
 
 def _finishing(item: Item, horizon_s: float) -> bool:
@@ -275,18 +315,14 @@ def build_context(snap: Snapshot, cfg: TopasConfig, credits: CreditStore, profil
     ctx.views = {t.task_id: t for t in snap.tasks}
     tokens, waiting, oldest = ctx.tokens, ctx.waiting, ctx.oldest
     for req in snap.running:
-        if req.agent not in ctx.prefix:  # unregistered agent: the largest claim (conservative)
-            tokens[req.agent] = max(tokens.get(req.agent, 0), req.prefix_tokens)
-        task = ctx.task(req)
-        item = ctx.item(req, task)
-        item.pinned = _finishing(item, ctx.horizon_s)
-        ctx.running.setdefault(req.agent, []).append(item)
-        task.running.append(item)
-        if item.col >= 0:
-            task.base = task.base | {item.red}
-    for task in {id(t): t for t in ctx.tasks.values() if t.running}.values():
-        task.run_value = task.served_value(task.running)
-        ctx.run_value += task.run_value
+        agent = req.agent
+        if agent not in ctx.prefix:  # unregistered agent: the largest claim (conservative)
+            tokens[agent] = max(tokens.get(agent, 0), req.prefix_tokens)
+        ctx.running_reqs.setdefault(agent, []).append(req)
+        ctx.running_kv[agent] = ctx.running_kv.get(agent, 0) + req.kv_tokens
+        ctx.running_by_task.setdefault(req.task_id, []).append(req)
+    if cfg.beta > 0.0:
+        _running_reuse(ctx)
     for req in snap.waiting:
         agent = req.agent
         group = waiting.get(agent)

@@ -29,14 +29,15 @@ def _run(job: tuple[str, str, float, int, int, str, dict]) -> tuple[str, float, 
     from ...bench import capacity_rps, rate_for_load
     from ...sim import make_trace, simulate
 
-    workload, policy, load, tasks, seed, profile_name, options = job
+    workload, policy, load, tasks, seed, profile_name, options, host_tier = job
     wf = load_workflow(workload)
     profile = load_profile(profile_name)
     rate = rate_for_load(load, capacity_rps(wf, profile))
     trace = make_trace(wf, tasks, rate, seed)
     t0 = time.perf_counter()
     try:
-        res = simulate(trace, make_policy(policy, options if policy.startswith("topas") else {}), profile)
+        res = simulate(trace, make_policy(policy, options if policy.startswith("topas") else {}), profile,
+                       host_tier=host_tier)
     except Exception as exc:  # report the failing run instead of losing the whole table
         raise RuntimeError(f"{policy} on {workload} at load {load}: {type(exc).__name__}: {exc}") from exc
     return workload, load, policy, {"mean": res.mean_jct, "p99": res.p99_jct, "rate": rate,
@@ -47,11 +48,11 @@ def _run(job: tuple[str, str, float, int, int, str, dict]) -> tuple[str, float, 
 
 
 def evaluate(workloads, policies, tasks, seed, loads=None, jobs=1, profile="a100-80g-qwen2.5-32b",
-             options=None) -> dict:
+             options=None, host_tier=None) -> dict:
     plan = []
     for w in workloads:
         for load in loads or load_workflow(w).loads:
-            plan += [(w, p, load, tasks, seed, profile, dict(options or {})) for p in policies]
+            plan += [(w, p, load, tasks, seed, profile, dict(options or {}), host_tier) for p in policies]
     results: dict = {}
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as ex:
@@ -97,6 +98,20 @@ def format_table(results: dict, summ: dict) -> str:
     return "\n".join(lines)
 
 
+def format_seeds(summaries: dict) -> str:
+    """Reduction vs the best baseline per workload and metric, per seed and averaged."""
+    seeds = list(summaries)
+    lines = ["# reduction vs best baseline (per metric), by seed: " + ", ".join(map(str, seeds)) + " | mean"]
+    workloads = list(next(iter(summaries.values())))
+    for w in workloads:
+        cells = []
+        for m in ("mean", "p99"):
+            reds = [100 * summaries[s][w]["vs_best"][m]["reduction"] for s in seeds]
+            cells.append(f"{m} " + " ".join(f"{r:+5.1f}" for r in reds) + f" | {sum(reds) / len(reds):+5.1f}%")
+        lines.append(f"{w:12} " + "   ".join(cells))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=100)
@@ -104,21 +119,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
     ap.add_argument("--loads", default=None, help="comma-separated loads (default: each workload's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (overrides --seed); adds a summary")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--profile", default="a100-80g-qwen2.5-32b")
     ap.add_argument("--opt", action="append", default=[], help="topas option key=value (repeatable)")
     ap.add_argument("--json", default=None, help="also write the raw results here")
+    ap.add_argument("--no-host-tier", action="store_true", help="evicted prefixes are dropped (recomputed)")
     args = ap.parse_args(argv)
     loads = tuple(float(x) for x in args.loads.split(",")) if args.loads else None
     options = dict(kv.split("=", 1) for kv in args.opt)
-    res = evaluate(args.workloads.split(","), args.policies.split(","), args.tasks, args.seed, loads,
-                   args.jobs, args.profile, options)
-    summ = summary(res)
-    print(format_table(res, summ))
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    runs = {}
+    for seed in seeds:
+        res = evaluate(args.workloads.split(","), args.policies.split(","), args.tasks, seed, loads,
+                       args.jobs, args.profile, options, False if args.no_host_tier else None)
+        summ = summary(res)
+        print(f"# seed {seed}")
+        print(format_table(res, summ))
+        runs[seed] = {"results": {w: {str(u): r for u, r in v.items()} for w, v in res.items()}, "summary": summ}
+    if len(seeds) > 1:
+        print(format_seeds({s: r["summary"] for s, r in runs.items()}))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"results": {w: {str(u): r for u, r in v.items()} for w, v in res.items()},
-                       "summary": summ}, fh, indent=1)
+            json.dump(runs, fh, indent=1)
     sys.stdout.flush()
     return 0
 

@@ -52,26 +52,20 @@ class _Packer:
         self.admitted: set[str] = set()
         self.incoming = {a: [*ctx.load(a), {}] for a in agents if a not in ctx.gpu}
         # J_admit covers every request of Q': retained running requests keep their progress,
-        # so a preemption forfeits it (on top of J_redo and J_revoke).
-        self.gain = ctx.run_value
+        # so a preemption forfeits it (on top of J_redo and J_revoke). The progress of all
+        # running requests is the same in every state, so only what is forfeited is counted.
+        self.gain = 0.0
         hit = {it.task.task_id: it.task for it in preempt}
         for task in hit.values():
             kept = [it for it in task.running if it.req.agent in agents]
             self.gain -= task.run_value - task.served_value(kept)
         self.loss = sum(ctx.preempt_cost(it) for it in preempt)
-        self.reuse = 0.0
         self.beta = ctx.cfg.beta
         for it in preempt:
             if it.col >= 0:
                 task = it.task
                 self.served[task.task_id] = self._served(task) - {it.red}
-        if self.beta > 0.0:
-            for agent in agents:
-                for it in ctx.running.get(agent, ()):
-                    self.reuse += self._reuse(it)
-        for agent in agents:
-            for it in ctx.running.get(agent, ()):
-                self.represented.add(it.task.task_id)
+        self.reuse = sum(v for (src, child), v in ctx.reuse_pairs.items() if src in agents and child in agents)
         self.move = 0.0
         self.result.scores.append(self.score())
 
@@ -122,14 +116,17 @@ def greedy_pack(ctx: Context, agents: frozenset[str]) -> PackResult | None:
     used = sum(ctx.tokens[a] for a in agents)
     if used > budget:
         return None
-    preempt: list[Item] = []
-    for agent, items in ctx.running.items():
+    dropped = []
+    n_preempt = 0
+    for agent, kv in ctx.running_kv.items():
         if agent in agents:
-            used += sum(it.req.kv_tokens for it in items)
+            used += kv
         else:
-            preempt.extend(items)
-    if used > budget or len(preempt) > ctx.cfg.k_preempt:
+            dropped.append(agent)
+            n_preempt += len(ctx.running_reqs[agent])
+    if used > budget or n_preempt > ctx.cfg.k_preempt:
         return None
+    preempt = [it for agent in dropped for it in ctx.running_items(agent)]
     if any(it.pinned for it in preempt):  # about to finish: frees its KV anyway
         return None
     preempt.sort(key=lambda it: it.req.rid)
@@ -146,7 +143,7 @@ def greedy_pack(ctx: Context, agents: frozenset[str]) -> PackResult | None:
 
 
 def _reserve(pk: _Packer, order: list[str], lists: list[list[Item]]) -> None:
-    covered = {a for a in order if pk.ctx.running.get(a)}
+    covered = {a for a in order if pk.ctx.running_reqs.get(a)}
     heads = []
     for agent, items in zip(order, lists, strict=True):
         if agent in covered or not items:
@@ -195,7 +192,8 @@ def _zero_gain(pk: _Packer, deferred: list[Item], min_kv: int) -> None:
     pending = sorted(deferred, key=lambda it: (-it.task.g, it.order, it.req.rid))
     while pending and len(pk.result.admits) < k_admit and pk.free >= min_kv:
         # tasks already represented first (their other branches may be waiting on these)
-        pick = next((it for it in pending if it.task.task_id in pk.represented and pk.fits(it)), None)
+        pick = next((it for it in pending if (it.task.running or it.task.task_id in pk.represented)
+                     and pk.fits(it)), None)
         if pick is None:
             pick = next((it for it in pending if pk.fits(it)), None)
         if pick is None:

@@ -55,8 +55,10 @@ class TopasPolicy:
         admit_agents = {it.req.agent for it in admits}
         reuse: dict[str, float] = {}
         if self.config.beta > 0.0:
-            served = [it for a in pack.agents for it in ctx.running.get(a, ())] + admits
-            for it in served:
+            for (src, child), value in ctx.reuse_pairs.items():
+                if src in pack.agents:
+                    reuse[child] = reuse.get(child, 0.0) + value
+            for it in admits:
                 for agent, value in ctx.reuse(it):
                     reuse[agent] = reuse.get(agent, 0.0) + value
         resident = {a for a in pack.agents if a in ctx.gpu or a in admit_agents or reuse.get(a, 0.0) > 0.0}

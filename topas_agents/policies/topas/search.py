@@ -74,11 +74,8 @@ class Search:
 
 def active_pool(ctx: Context) -> list[str]:
     """Agents with waiting or running requests, resident ones, and V_reuse targets."""
-    pool = set(ctx.waiting) | set(ctx.running) | set(ctx.gpu)
-    if ctx.cfg.beta > 0.0:
-        for items in ctx.running.values():
-            for it in items:
-                pool.update(a for a, _ in ctx.reuse(it) if a in ctx.prefix)
+    pool = set(ctx.waiting) | set(ctx.running_reqs) | set(ctx.gpu)
+    pool.update(child for _, child in ctx.reuse_pairs if child in ctx.prefix)
     return sorted(pool)
 
 
@@ -98,7 +95,7 @@ def _enumerate(s: Search, pool: list[str]) -> None:
     ctx = s.ctx
     budget = ctx.snap.kv_budget
     tokens = [ctx.tokens[a] for a in pool]
-    useful = [bool(ctx.waiting.get(a)) or bool(ctx.running.get(a)) or a in ctx.gpu for a in pool]
+    useful = [bool(ctx.waiting.get(a)) or bool(ctx.running_reqs.get(a)) or a in ctx.gpu for a in pool]
     for mask in range(1 << len(pool)):
         total = 0
         ok = True
@@ -112,39 +109,45 @@ def _enumerate(s: Search, pool: list[str]) -> None:
 
 
 def _greedy(s: Search, pool: list[str], incumbent: frozenset[str]) -> None:
+    """Greedy single additions (best of the `width` highest-demand outside agents), one pair
+    test at the first stall, then drop/swap repairs. At most `max_additions` additions per
+    decision: on a large budget the set keeps growing over the next decisions instead."""
     ctx = s.ctx
     width = ctx.cfg.width
     demand = {a: ctx.demand(a) for a in pool if a not in incumbent and ctx.waiting.get(a)}
     ranked = sorted(demand, key=lambda a: (-demand[a], a))
     current, score = incumbent, s.evaluate(incumbent)
     pair_tested = False
-    while True:
+    for _ in range(ctx.cfg.max_additions):
         outside = [a for a in ranked if a not in current][:width]
-        trials = [(s.evaluate(current | {a}), a) for a in outside]
-        better = max(trials, default=(float("-inf"), ""), key=lambda t: (t[0], [-ord(c) for c in t[1]]))
-        if better[0] > score:
-            current, score = current | {better[1]}, better[0]
+        trials = [(s.evaluate(current | {a}), -i, a) for i, a in enumerate(outside)]
+        best = max(trials, default=None)
+        if best is not None and best[0] > score:
+            current, score = current | {best[2]}, best[0]
             continue
         if pair_tested:
             break
         pair_tested = True
-        pairs = [(s.evaluate(current | {a, b}), (a, b)) for a, b in combinations(outside[:width], 2)]
-        best_pair = max(pairs, default=(float("-inf"), ()), key=lambda t: t[0])
-        if best_pair[0] > score:
-            current, score = current | set(best_pair[1]), best_pair[0]
-            continue
-        break
+        pairs = [(s.evaluate(current | {a, b}), -i, (a, b))
+                 for i, (a, b) in enumerate(combinations(outside, 2))]
+        best_pair = max(pairs, default=None)
+        if best_pair is None or best_pair[0] <= score:
+            break
+        current, score = current | set(best_pair[2]), best_pair[0]
     _repair(s, ranked, current, score)
 
 
 def _repair(s: Search, ranked: list[str], current: frozenset[str], score: float) -> None:
-    width = s.ctx.cfg.width
+    """Drop or swap one member: the `width` weakest members (fewest running requests, least
+    demand) against the `width` strongest outside agents; first improvement wins, twice."""
+    ctx = s.ctx
+    width = ctx.cfg.width
     for _ in range(2):
-        improved = False
         outside = [a for a in ranked if a not in current][:width]
-        for a in sorted(current):
-            trials = [current - {a}] + [(current - {a}) | {b} for b in outside]
-            for trial in trials:
+        weakest = sorted(current, key=lambda a: (len(ctx.running_reqs.get(a, ())), ctx.demand(a), a))[:width]
+        improved = False
+        for a in weakest:
+            for trial in [current - {a}] + [(current - {a}) | {b} for b in outside]:
                 value = s.evaluate(frozenset(trial))
                 if value > score:
                     current, score, improved = frozenset(trial), value, True
