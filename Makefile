@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 SGL_VENV := .venv-sglang
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test install lint pytest test-sglang test-openai-compat clean
+.PHONY: run test install lint pytest test-sglang test-openai-compat gpu-smoke clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -52,6 +52,10 @@ $(SGL_VENV)/.installed: pyproject.toml
 
 test-sglang: $(SGL_VENV)/.installed
 	$(SGL_VENV)/bin/python -m pytest -q -m sglang
+
+# GPU machine only (works offline; WHEEL_DIR=... if sglang is missing). See docs/sglang.md.
+gpu-smoke:
+	server/sglang/gpu_smoke.sh $(OUT)
 
 clean:
 	rm -rf $(VENV) $(SGL_VENV) .venv-openai* build *.egg-info

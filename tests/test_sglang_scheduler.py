@@ -275,3 +275,31 @@ def test_real_policies_drive_real_sglang_admission(name: str) -> None:
     assert adapter.stats["decision_errors"] == 0 and adapter.stats["decisions"] >= 2
     assert adapter.stats["admitted"] == 4  # both tasks' s1 and s2, admitted by SGLang's adder
     assert sorted(r.rid for r in world.running.reqs) == ["t0s2", "t1s2"]
+
+
+def test_host_tier_branches_call_load_back() -> None:
+    # HiCache needs CUDA (init_hicache builds pinned host pools), so this checks only our
+    # branching on a real UnifiedRadixCache whose host tier is simulated: a prefix found on
+    # host is reported "cpu" and prefix_in loads it back (H->D) and pins the loaded node.
+    world = World()
+    world.insert(PREFIX["a"])
+    tree, loads = world.tree, []
+    real_match = tree.match_prefix
+
+    def match_on_host(params: Any) -> Any:  # the device copy "was demoted": device 0, host 32
+        m = real_match(params)
+        return m._replace(device_prefix_len=0, host_hit_length=m.device_prefix_len,
+                          best_match_node=m.last_device_node)
+
+    tree.cache_controller = object()
+    tree.match_prefix = match_on_host
+    tree.load_back = lambda node, mem_quota=None, req=None: loads.append(node) or True
+    adapter = make_adapter(ScriptedPolicy(NOOP))
+    arrive(adapter, world, labelled("r1", "t1", "a"))
+    adapter.bind(world.sched)
+    adapter.residency.sync()
+    assert adapter.residency.location("a") == "cpu"
+    assert adapter.residency.prefix_in("a") == "load_back" and len(loads) == 1
+    assert adapter.residency.location("a") == "gpu" and tree.protected_size() == 32
+    adapter.residency.prefix_out("a")
+    assert tree.protected_size() == 0

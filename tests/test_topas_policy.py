@@ -181,3 +181,14 @@ def test_same_snapshot_sequence_same_decisions():
 
 def test_chain_workflow_constant_is_the_builtin():
     assert CHAIN3.name == "chain3" and [s.name for s in CHAIN3.stages] == ["s1", "s2", "s3"]
+
+
+def test_v_reuse_never_prefetches_by_recompute():
+    from dataclasses import replace
+
+    prior = PROFILE.request_service_s(4096, 512, 256)
+    running = req("t/s_a", "t", "s_a", "a", wf="dag4", gen=250, service=prior)
+    s = snap(running=[running], tasks=[task("t", "dag4", active=[("s_a", prior)])], workflows=(DAG4,),
+             prefixes={"a": (4096, "gpu"), "b": (4096, "none"), "c": (4096, "none"), "d": (4096, "none")},
+             profile=replace(PROFILE, host_tier=False))
+    assert make_policy("topas").decide(s) == NOOP  # a speculative recompute would stall the batch

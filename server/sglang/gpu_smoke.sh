@@ -132,6 +132,8 @@ if not decisions:
     problems.append("no decisions logged")
 if not sum(len(d.get("sglang_admitted", [])) for d in decisions):
     problems.append("SGLang admitted nothing through the plugin")
+if not any(not a["task"].startswith("untagged-") for d in decisions for a in d["admit"]):
+    problems.append("no labelled request reached the scheduler (label path broken)")
 if errors:
     problems.append(f"{len(errors)} policy errors")
 print(f"{len(decisions)} decisions, {len(errors)} errors")

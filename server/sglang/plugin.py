@@ -127,7 +127,7 @@ def register() -> None:
         if config is None:
             return
         adapter = Adapter(config)
-    except TopasError as exc:
+    except (TopasError, OSError) as exc:  # bad configuration, unreadable file, decision log path
         # Explicitly requested but unusable: refuse to serve stock SGLang silently (SGLang
         # catches Exceptions from plugins and carries on; SystemExit stops this process).
         logger.error("topas plugin: %s", exc)

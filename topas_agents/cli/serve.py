@@ -21,7 +21,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default="topas", help="scheduling policy (topas_agents.policies registry)")
     p.add_argument("--policy-opt", action="append", default=[], metavar="K=V",
                    help="policy option (repeatable)")
-    p.add_argument("--profile", default=None, help="cost profile name or YAML path (sim engine)")
+    p.add_argument("--profile", default=None, help="cost profile name or YAML path")
+    p.add_argument("--model-path", default=None, metavar="DIR",
+                   help="--engine sglang: model directory (or give it after `--`)")
+    p.add_argument("--decision-log", default=None, metavar="F.jsonl",
+                   help="--engine sglang: append every scheduling decision to this JSONL file")
     p.add_argument("--kv-budget", type=int, default=None, help="KV budget in tokens (default: the profile's)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="simulated seconds per wall-clock second (>1 runs faster)")

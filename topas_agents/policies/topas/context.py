@@ -1,7 +1,10 @@
 """Per-decision precomputation shared by GreedyPack and the state search.
 
 Waiting requests are grouped by agent and valued lazily: an agent's candidate list (sorted by
-age-weighted progress per extra KV token) is built only when a search step touches it.
+weighted progress per extra KV token) is built only when a search step touches it; a running
+request is turned into an Item only when a state would preempt it, its task is valued, or it
+may release downstream stages (V_reuse). Task path matrices and remaining-service estimates
+are cached across decisions (see `Context._paths`, `Context.remaining`).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ class Item:
     col: int  # source index in task.paths; -1 when valued alone
     delta: float  # service received in the next interval: min(remaining, horizon)
     gain: float = 0.0  # expected L reduction (given the task's running requests)
-    prio: float = 0.0  # g * gain / kv
+    prio: float = 0.0  # task weight x gain / kv_tokens (the GreedyPack order)
     order: int = 0  # deterministic tie-breaker
     reuse: tuple[tuple[str, float], ...] | None = None  # (child agent, value) lazily
     pinned: bool = False  # running and about to finish: never preempted
@@ -138,6 +141,10 @@ class Context:
                 if imm > 0.0:
                     for child in children:
                         agent = task.wf.stage(child).agent
+                        # Lookahead only keeps a prefix or swaps it in: a speculative recompute
+                        # would stall the whole batch (prefill runs before decode).
+                        if agent not in self.gpu and (agent not in self.prefix or not self.load(agent)[1]):
+                            continue
                         tokens = self.tokens.get(agent, task.wf.prefix_tokens(agent))
                         out.append((agent, task.g * imm * reload_cost(tokens, self.snap.profile)))
         item.reuse = tuple(out)

@@ -104,7 +104,9 @@ class _Packer:
         inc = self.incoming.get(it.req.agent)
         if inc is not None and task.task_id not in inc[2]:
             inc[2][task.task_id] = task.g  # each waiting task charged once, at its weight
-            self.move = j_move([(s, link, sum(t.values())) for s, link, t in self.incoming.values()])
+            stall = len(self.ctx.snap.running)  # a recompute is a prefill: the running batch waits too
+            self.move = j_move([(s, link, sum(t.values()) + (0 if link or not t else stall))
+                                for s, link, t in self.incoming.values()])
         if self.beta > 0.0:
             self.reuse += self._reuse(it)
         self.result.scores.append(self.score())
