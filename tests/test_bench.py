@@ -246,6 +246,16 @@ def test_summary_ratios_to_best_baseline():
     assert s["spf"]["p99_jct"] == pytest.approx(320.0)
 
 
+def test_summary_picks_the_best_baseline_per_metric():
+    points = [{"results": {"fcfs": {"mean_jct": 10.0, "p99_jct": 20.0},
+                           "lpm": {"mean_jct": 8.0, "p99_jct": 30.0},
+                           "topas": {"mean_jct": 6.0, "p99_jct": 18.0}}}]
+    s = summarize(points, ["fcfs", "lpm", "topas"])["topas"]
+    assert (s["best_baseline"], s["best_baseline_p99"]) == ("lpm", "fcfs")
+    assert s["mean_jct_vs_best_baseline"] == pytest.approx(6.0 / 8.0)
+    assert s["p99_jct_vs_best_baseline"] == pytest.approx(18.0 / 20.0)
+
+
 def test_summary_without_baselines_has_no_ratio():
     points = [{"results": {"x": {"mean_jct": 1.0, "p99_jct": 2.0}}}]
     assert summarize(points, ["x"])["x"]["mean_jct_vs_best_baseline"] is None

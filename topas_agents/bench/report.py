@@ -47,8 +47,10 @@ def format_table(result: Mapping[str, Any], capacity: float | None = None) -> st
                                  for i, (c, w) in enumerate(zip(cells, widths, strict=True))))
     lines += ["", "summary (mean over points):"]
     for name, s in result["summary"].items():
-        ratio = s["mean_jct_vs_best_baseline"]
-        vs = f", {ratio:.3f}x best baseline ({s['best_baseline']})" if ratio is not None else ""
+        ratio, ratio99 = s["mean_jct_vs_best_baseline"], s["p99_jct_vs_best_baseline"]
+        vs = f", mean {ratio:.3f}x best baseline ({s['best_baseline']})" if ratio is not None else ""
+        if ratio99 is not None:
+            vs += f", p99 {ratio99:.3f}x best ({s['best_baseline_p99']})"
         lines.append(f"  {name:<14} mean JCT {_s(s['mean_jct'])} s, p99 JCT {_s(s['p99_jct'])} s{vs}")
     return "\n".join(lines)
 
