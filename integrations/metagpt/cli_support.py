@@ -11,29 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from topas_agents.cli.args import positive_float, positive_int
 from topas_agents.errors import ConfigError
 
 DEFAULT_TIME_SCALE = 50.0
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def add_common(p: argparse.ArgumentParser) -> None:

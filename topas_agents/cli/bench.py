@@ -25,6 +25,7 @@ from ..bench.options import (
 from ..costmodel import DEFAULT_PROFILE, load_profile
 from ..errors import ConfigError
 from ..policies import BASELINES
+from .args import non_negative_int
 
 DEFAULT_POLICIES = ",".join((*BASELINES, "topas"))
 MICROBENCH = "topas_agents.policies.topas.microbench"
@@ -41,16 +42,6 @@ def _arg(parse: Any, what: str) -> Any:
 
     convert.__name__ = what  # argparse names the converter in some messages
     return convert
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
 
 
 def add_parser(subparsers: Any) -> None:
@@ -71,7 +62,7 @@ def add_parser(subparsers: Any) -> None:
                        "(default: the workflow's `loads`)")
     p.add_argument("--tasks", type=_arg(parse_positive_int, "--tasks"), default=None,
                    help="tasks per run (default 100; a trace: all of its tasks)")
-    p.add_argument("--seed", type=_seed, default=0, help="seed for arrivals and task sizes (default 0)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed for arrivals and task sizes (default 0)")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"cost profile name or YAML (default {DEFAULT_PROFILE})")
     p.add_argument("--kv-budget", type=_arg(parse_positive_int, "--kv-budget"), metavar="TOKENS",
                    help="KV budget in tokens (default: the profile's)")

@@ -16,21 +16,12 @@ from typing import Any
 from ..costmodel import DEFAULT_PROFILE, load_profile
 from ..errors import ConfigError
 from ..policies import BASELINES
+from .args import positive_int
 
 WORKLOADS = ("chain3", "dag4", "dag10wide", "metagpt-sop", "metagpt-tl")
 TOPAS = ("topas", "topas-base", "topas-noreuse", "topas-noaging")
 DEFAULT_TASKS = 100
 QUICK_TASKS = 20
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def add_parser(subparsers: Any) -> None:
@@ -39,7 +30,7 @@ def add_parser(subparsers: Any) -> None:
                               "policies and write docs/results.md, docs/results/*.json and *.png.")
     p.add_argument("--out", default="docs/results.md", help="markdown page to write (default docs/results.md); "
                    "JSON and plots go to a results/ folder next to it")
-    p.add_argument("--tasks", type=_positive, help=f"tasks per run (default {DEFAULT_TASKS}; --quick: {QUICK_TASKS})")
+    p.add_argument("--tasks", type=positive_int, help=f"tasks per run (default {DEFAULT_TASKS}; --quick: {QUICK_TASKS})")
     p.add_argument("--quick", action="store_true", help=f"a fast smoke run ({QUICK_TASKS} tasks per run)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated workflows (default: all five)")
     p.add_argument("--policies", help="comma-separated policies (default: baselines, topas and its ablations)")

@@ -21,7 +21,8 @@ from ..errors import ConfigError
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from ..bench.options import parse_policy_list
-    from ..integrations.metagpt.cli_support import add_common, positive_float, positive_int
+    from ..integrations.metagpt.cli_support import add_common
+    from .args import positive_float, positive_int
 
     def policies(text: str) -> tuple[str, ...]:
         try:

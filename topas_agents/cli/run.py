@@ -24,7 +24,8 @@ from ..errors import ConfigError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from ..integrations.metagpt.cli_support import add_common, positive_int
+    from ..integrations.metagpt.cli_support import add_common
+    from .args import positive_int
 
     p = subparsers.add_parser("run", help="run MetaGPT workflows (SOP or TeamLeader) with Topas labels",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
