@@ -172,7 +172,7 @@ def test_graceful_shutdown_drains_then_fails_cleanly() -> None:
 
 
 def test_engine_failure_fails_calls_cleanly_and_health_reports_it() -> None:
-    handle = start_server_in_thread(ServerConfig(time_scale=10.0), engine_factory=fake_factory(fail_at=0.5))
+    handle = start_server_in_thread(ServerConfig(time_scale=10.0), engine_factory=fake_factory(fail_at=0.0))
     client = openai.OpenAI(base_url=handle.url, api_key="x", max_retries=0, timeout=10)
     try:
         with pytest.raises(openai.InternalServerError) as info:

@@ -6,6 +6,11 @@ one prefill step or a *jump* of k identical decode steps computed in closed form
 simulation costs O(events), not O(tokens). The policy is consulted only at scheduling
 events (arrival, finish, transfer completion, cancel), at a step boundary or when the GPU
 is idle, never mid-step. See docs/simulator.md for the model and its choices.
+
+`SimEngine` owns the clock, the event heap and the request lifecycle, and composes small
+managers that each own their state: `RequestTable` (who waits, who runs), `Residency`
+(prefixes, KV, host link), `GpuWork` (prefill queue, decode batch, work in flight),
+`Tasks` (stages, service, StageDone events) and `Views` (the policy's Snapshot).
 """
 
 from __future__ import annotations
@@ -13,29 +18,28 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
-from heapq import heappop, heappush
 from types import MappingProxyType
-from typing import Any
 
 import numpy as np
 
 from ..costmodel import Profile
 from ..errors import DecisionError, TopasError
 from ..policies import Policy
-from ..snapshot import Decision, RequestView, Snapshot, StageDone, TaskView, check_decision
+from ..snapshot import Decision, Snapshot, check_decision
 from ..workflow import Workflow
+from .events import CALLBACK, TRANSFER, EventHeap
+from .fills import PrefillQueue
 from .integrity import check_engine
-from .residency import ResidencyMixin
-from .runs import RunsMixin
-from .state import Prefix, PrefixFill, Req, Run, Task
+from .requests import RequestTable
+from .residency import Residency
+from .runs import GpuWork
+from .state import Req
+from .tasks import Tasks
 from .types import EngineRequest, EngineStats, OverBudgetError, RequestError
-from .views import ViewsMixin
-
-CALLBACK, TRANSFER, RUN_END = 0, 1, 2
+from .views import Views
 
 
-class SimEngine(ResidencyMixin, RunsMixin, ViewsMixin):
+class SimEngine:
     """Deterministic discrete-event model of one serving GPU driven by a `Policy`."""
 
     def __init__(self, profile: Profile, policy: Policy, *, kv_budget: int | None = None,
@@ -55,83 +59,49 @@ class SimEngine(ResidencyMixin, RunsMixin, ViewsMixin):
         self.check = check
         self.max_jump_s = max_jump_s
         self.now = 0.0
-        self.on_token: Callable[[str, int], None] | None = None
         self.on_finish: Callable[[str, float], None] | None = None
-        self._heap: list[tuple[float, int, int, Any]] = []
-        self._seq = 0
-        self._reqs: dict[str, Req] = {}  # live: waiting or running
-        self._waiting: dict[str, Req] = {}
-        self._waiting_views: dict[str, RequestView] = {}
-        self._running: dict[str, Req] = {}
-        self._decoding: dict[str, Req] = {}
-        self._fills: list[Req | PrefixFill] = []  # prefill jobs ready to run, FIFO
-        self._dec_ctx = 0  # sum of context over decoding requests
-        self._prefixes: dict[str, Prefix] = {}
-        self._tasks: dict[str, Task] = {}
-        self._task_views: dict[str, TaskView] = {}
-        self._task_dirty: dict[str, Task] = {}
-        self._events: list[StageDone] = []
-        self._kv_used = 0
-        self._link_free_s = 0.0
-        self._run: Run | None = None
-        self._dirty = False
+        self._dirty = False  # something happened since the last decision
         self._decision_s: list[float] = []
-        self._n_swaps_in = self._n_swaps_out = self._n_recomputes = self._n_preempt = 0
-        self._n_finished = self._n_cancelled = self._n_runs = 0
-        self._n_prefill_steps = self._n_decode_steps = self._n_prefill_tokens = 0
-        self._tokens = self._finished_tokens = self._cancelled_tokens = 0
-        self._busy_s = self._batch_time = self._decode_time = 0.0
+        self._heap = EventHeap()
+        self._requests = RequestTable()
+        self._tasks = Tasks()
+        fills = PrefillQueue()
+        self._residency = Residency(profile, self.host_tier, self._heap, fills)
+        self._gpu = GpuWork(profile, max_jump_s, self._heap, fills, self._residency, self._tasks,
+                            retire=self._finish, wake=self._wake)
+        self._views = Views(profile, self.kv_budget, self._requests, self._residency.prefixes, self._tasks)
         for wf in self.workflows.values():
             for a in wf.agents:
-                self._prefixes.setdefault(a.name, Prefix(a.name, a.prefix_tokens))
+                self._residency.register(a.name, a.prefix_tokens)
 
-    # ------------------------------------------------------------------ heap
+    @property
+    def on_token(self) -> Callable[[str, int], None] | None:
+        """Called as `on_token(rid, tokens generated so far)` when a request gains tokens."""
+        return self._gpu.on_token
 
-    def _push(self, t: float, kind: int, obj: Any) -> None:
-        self._seq += 1
-        heappush(self._heap, (t, self._seq, kind, obj))
-
-    def _peek(self) -> float | None:
-        """Time of the next live event (stale jump ends are dropped)."""
-        heap = self._heap
-        while heap:
-            t, _, kind, obj = heap[0]
-            if kind == RUN_END and (obj is not self._run or obj.end_s != t):
-                heappop(heap)
-                continue
-            return t
-        return None
+    @on_token.setter
+    def on_token(self, fn: Callable[[str, int], None] | None) -> None:
+        self._gpu.on_token = fn
 
     # ------------------------------------------------------------------ external API
 
     def submit(self, req: EngineRequest) -> None:
         """The request arrives now. Raises OverBudgetError if it can never fit the budget."""
-        p = self._prefixes.get(req.agent)
+        p = self._residency.prefixes.get(req.agent)
         prefix_tokens = p.tokens if p is not None else req.prefix_tokens
         # A request claiming a longer prefix than its agent's registered one: the excess is
         # not shared, so it is dynamic input (uncached prefill, own KV).
         input_tokens = req.input_tokens + max(0, req.prefix_tokens - prefix_tokens)
         self._validate(req, prefix_tokens, input_tokens)
         if p is None:
-            p = self._prefixes[req.agent] = Prefix(req.agent, req.prefix_tokens)
-        task = self._tasks.get(req.task_id)
-        if task is None:
-            arrival = self.now if req.task_arrival_s is None else req.task_arrival_s
-            task = self._tasks[req.task_id] = Task(req.task_id, req.workflow, arrival)
-        task.active.setdefault(req.stage, 0.0)
-        task.rounds[req.stage] = task.rounds.get(req.stage, 0) + 1
-        task.agents[req.stage] = req.agent
-        task.view = None
-        self._task_view(task)
-        r = Req(req, task, p, input_tokens, self.now)
-        self._reqs[r.rid] = r
-        self._waiting[r.rid] = r
-        self._waiting_views[r.rid] = self._request_view(r)
+            p = self._residency.register(req.agent, req.prefix_tokens)
+        task = self._tasks.open(req, self.now)
+        self._requests.add(Req(req, task, p, input_tokens, self.now))
         self._dirty = True
-        self._interrupt(self.now)
+        self._gpu.interrupt(self.now)
 
     def _validate(self, req: EngineRequest, prefix_tokens: int, input_tokens: int) -> None:
-        if req.rid in self._reqs:
+        if req.rid in self._requests.live:
             raise RequestError(f"request id '{req.rid}' is already waiting or running")
         if min(req.prefix_tokens, req.input_tokens) < 0 or req.output_tokens < 1:
             raise RequestError(f"request '{req.rid}': token counts must be >= 0 and output_tokens >= 1")
@@ -149,63 +119,41 @@ class SimEngine(ResidencyMixin, RunsMixin, ViewsMixin):
 
     def cancel(self, rid: str) -> bool:
         """Remove a waiting or running request and free its KV; False if unknown/finished."""
-        r = self._reqs.pop(rid, None)
+        r = self._requests.live.get(rid)
         if r is None:
             return False
-        if r.state == "waiting":
-            del self._waiting[rid]
-            del self._waiting_views[rid]
-        else:
+        if r.state == "running":
             self._release(r)
-        r.state = "cancelled"
-        self._cancelled_tokens += r.generated
-        self._n_cancelled += 1
+        self._requests.retire(r, "cancelled")
         self._dirty = True
-        self._interrupt(self.now)
+        self._gpu.interrupt(self.now)
         return True
 
     def stage_done(self, task_id: str, stage: str) -> None:
         """Record that a stage finished (policies see it as a StageDone event)."""
-        task = self._tasks.get(task_id)
-        if task is None:
+        if not self._tasks.stage_done(task_id, stage, self.now):
             raise TopasError(f"stage_done: unknown or finished task '{task_id}'")
-        service = task.active.pop(stage, 0.0)
-        task.done.add(stage)
-        task.view = None
-        self._task_view(task)
-        self._events.append(StageDone(task_id, task.workflow, stage, task.agents.get(stage, ""), service,
-                                      task.rounds.get(stage, 0), self.now))
 
     def task_done(self, task_id: str) -> None:
         """Forget a finished task (it leaves the snapshot's task list)."""
-        self._tasks.pop(task_id, None)
-        self._task_views.pop(task_id, None)
-        self._task_dirty.pop(task_id, None)
+        self._tasks.task_done(task_id)
 
     def call_at(self, t: float, fn: Callable[[], None]) -> None:
         """Run `fn` at time `t` (clamped to now) in the engine's event order."""
         t = max(t, self.now)
-        self._push(t, CALLBACK, fn)
-        self._interrupt(t)
+        self._heap.push(t, CALLBACK, fn)
+        self._gpu.interrupt(t)
 
     def next_event_time(self) -> float | None:
         """When something next happens; `now` if a decision is pending; None when idle."""
-        if self._run is None and (self._dirty or self._fills or self._decoding):
+        if self._gpu.run is None and (self._dirty or self._gpu.has_work):
             return self.now
         return self._peek()
 
     def advance(self, until: float) -> None:
         """Process every event with time <= `until`; the clock ends at `until` (if finite)."""
-        while True:
-            if self._run is None:
-                self._settle()
-            t = self._peek()
-            if t is None or t > until:
-                break
-            self.now = max(self.now, t)
-            while (t2 := self._peek()) is not None and t2 <= t:
-                _, _, kind, obj = heappop(self._heap)
-                self._handle(kind, obj)
+        while self.step(until):
+            pass
         if until != math.inf and until > self.now:
             self.now = until
 
@@ -213,103 +161,136 @@ class SimEngine(ResidencyMixin, RunsMixin, ViewsMixin):
         """Advance until nothing is left to happen."""
         self.advance(math.inf)
 
-    # ------------------------------------------------------------------ loop internals
+    # ------------------------------------------------------------------ the loop
 
-    def _handle(self, kind: int, obj: Any) -> None:
-        if kind == CALLBACK:
-            obj()
-        elif kind == TRANSFER:
-            self._transfer_done(obj)
-        else:
-            self._finish_run(obj)
+    def step(self, until: float = math.inf) -> bool:
+        """One turn of the loop. At a step boundary with the GPU free: decide if something
+        happened, start the next GPU work. Then process every event at the next event time,
+        if that is <= `until` (False, and the clock unchanged, if it is not)."""
+        if self._gpu.run is None:
+            if self._dirty:
+                self._dirty = False
+                self._decide()
+            self._gpu.start(self.now)
+        t = self._peek()
+        if t is None or t > until:
+            return False
+        self.now = max(self.now, t)
+        while (t2 := self._peek()) is not None and t2 <= t:
+            kind, obj = self._heap.pop()
+            if kind == CALLBACK:
+                obj()
+            elif kind == TRANSFER:
+                if self._residency.transfer_done(obj):
+                    self._dirty = True
+            else:
+                self._gpu.finish(obj)
+                if self.check:
+                    self.check_integrity()
+        return True
 
-    def _settle(self) -> None:
-        """At a step boundary with the GPU free: decide if something happened, then run."""
-        if self._dirty:
-            self._dirty = False
-            self._decide()
-        self._start_run()
+    def _peek(self) -> float | None:
+        return self._heap.peek(self._gpu.run)
+
+    def _wake(self) -> None:
+        self._dirty = True
 
     def _decide(self) -> None:
-        events, self._events = tuple(self._events), []
-        snap = self._build_snapshot(events)
+        snap = self._views.snapshot(self.now, self._tasks.take_events(), self.workflows)
         t0 = time.perf_counter()
         decision = self.policy.decide(snap)
         self._decision_s.append(time.perf_counter() - t0)
         if not isinstance(decision, Decision):
             raise DecisionError(f"policy {self._policy_name()} returned {type(decision).__name__}, not a Decision")
         if not decision.empty:  # an empty decision keeps a valid state valid: nothing to check
-            check_decision(self._check_view(snap, decision), decision)
+            check_decision(self._views.for_check(snap, decision), decision)
             self._apply(decision)
         if self.check:
             self.check_integrity()
-
-    def _check_view(self, snap: Snapshot, decision: Decision) -> Snapshot:
-        """`snap` with `waiting` cut to the admitted requests: check_decision reads waiting
-        only to look up admitted ids, so its verdict is the same, in O(|admit|) not O(W).
-        Ids that are not waiting are left out and still rejected."""
-        views = self._waiting_views
-        return replace(snap, waiting=tuple(views[rid] for rid in decision.admit if rid in views))
 
     def _policy_name(self) -> str:
         return repr(getattr(self.policy, "name", type(self.policy).__name__))
 
     def _apply(self, d: Decision) -> None:
+        """Applied in the boundary's order: preempt, prefix_out, prefix_in, admit."""
+        requests, residency, now = self._requests, self._residency, self.now
         for rid in d.preempt:
-            r = self._running[rid]
+            r = requests.running[rid]
             self._release(r)
-            r.preemptions += 1
-            self._n_preempt += 1
-            self._requeue(r)
+            requests.requeue(r)
         for agent in d.prefix_out:
-            self._prefix_out(self._prefixes[agent])
+            residency.prefix_out(residency.prefixes[agent], now)
         for agent in d.prefix_in:
-            self._prefix_in(self._prefixes[agent])
+            residency.prefix_in(residency.prefixes[agent], now)
         for rid in d.admit:
-            self._admit(self._waiting[rid])
+            residency.pin(requests.admit(rid), now)
+
+    # ------------------------------------------------------------------ request lifecycle
+
+    def _release(self, r: Req) -> None:
+        """Take a running request off the GPU (finish, preemption, cancel): frees its KV."""
+        self._requests.stop_running(r)
+        self._gpu.drop(r)
+        self._residency.unpin(r, self.now)
+        r.phase = None
+        r.computes_prefix = False
+        r.view = None
+
+    def _finish(self, r: Req) -> None:
+        """`r` generated its last token."""
+        self._release(r)
+        self._requests.retire(r, "finished")
+        self._dirty = True
+        if self.on_finish is not None:
+            self.on_finish(r.rid, self.now)
 
     # ------------------------------------------------------------------ inspection
 
+    def snapshot(self) -> Snapshot:
+        """The current view (pending StageDone events included, not consumed)."""
+        return self._views.snapshot(self.now, self._tasks.pending_events(), self.workflows)
+
     def check_integrity(self) -> None:
         """Raise AssertionError naming the first broken engine invariant."""
-        check_engine(self)
+        check_engine(self._requests, self._gpu, self._residency, kv_budget=self.kv_budget,
+                     host_tier=self.host_tier)
 
     def stats(self) -> EngineStats:
         ms = np.asarray(self._decision_s) * 1e3
+        gpu, res, reqs = self._gpu, self._residency, self._requests
         return EngineStats(
             decisions=len(ms),
             decision_ms_mean=float(ms.mean()) if len(ms) else 0.0,
             decision_ms_p99=float(np.percentile(ms, 99)) if len(ms) else 0.0,
-            mean_batch=self._batch_time / self._decode_time if self._decode_time else 0.0,
-            prefix_swaps_in=self._n_swaps_in,
-            prefix_swaps_out=self._n_swaps_out,
-            prefix_recomputes=self._n_recomputes,
-            preemptions=self._n_preempt,
-            busy_s=self._busy_s,
-            tokens_generated=self._tokens,
-            requests_finished=self._n_finished,
-            requests_cancelled=self._n_cancelled,
-            prefill_steps=self._n_prefill_steps,
-            decode_steps=self._n_decode_steps,
-            prefill_tokens=self._n_prefill_tokens,
-            runs=self._n_runs,
+            mean_batch=gpu.batch_time / gpu.decode_time if gpu.decode_time else 0.0,
+            prefix_swaps_in=res.swaps_in,
+            prefix_swaps_out=res.swaps_out,
+            prefix_recomputes=res.recomputes,
+            preemptions=reqs.preempted,
+            busy_s=gpu.busy_s,
+            tokens_generated=gpu.tokens,
+            requests_finished=reqs.finished,
+            requests_cancelled=reqs.cancelled,
+            prefill_steps=gpu.prefill_steps,
+            decode_steps=gpu.decode_steps,
+            prefill_tokens=gpu.prefill_tokens,
+            runs=gpu.runs,
             now=self.now,
         )
 
     @property
     def kv_used(self) -> int:
-        return self._kv_used
+        return self._residency.kv_used
 
     @property
     def idle(self) -> bool:
         """Nothing running, nothing in flight, nothing scheduled."""
-        return self._run is None and not self._running and self._peek() is None
+        return self._gpu.run is None and not self._requests.running and self._peek() is None
 
     @property
     def waiting_count(self) -> int:
-        return len(self._waiting)
+        return len(self._requests.waiting)
 
     @property
     def running_count(self) -> int:
-        return len(self._running)
-
+        return len(self._requests.running)
