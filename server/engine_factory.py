@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from types import MappingProxyType
 from typing import Any
 
 from ..costmodel import load_profile
@@ -26,8 +25,4 @@ def sim_engine_factory(config: ServerConfig,
     policy = make_policy(config.policy, dict(config.policy_options))
     engine = SimEngine(profile, policy, kv_budget=config.kv_budget, workflows=workflows,
                        max_jump_s=config.max_jump_s)
-    # SimEngine keeps a copy of `workflows`; give it a read-only live view instead so that
-    # policies see workflows registered over HTTP after start (prefixes of their agents are
-    # created on first use by SimEngine.submit).
-    engine.workflows = MappingProxyType(workflows)  # type: ignore[misc]
     return engine, EngineRequest

@@ -10,26 +10,12 @@ import pytest
 
 from topas_agents.costmodel import load_profile
 from topas_agents.errors import TopasError
+from topas_agents.sim import EngineRequest  # the real request type: the fake replaces only the engine
 from topas_agents.snapshot import PrefixView, RequestView, Snapshot
 
 
 class FakeOverBudgetError(TopasError):
     pass
-
-
-@dataclass
-class FakeRequest:
-    rid: str
-    task_id: str
-    workflow: str | None
-    stage: str
-    agent: str
-    prefix_tokens: int
-    input_tokens: int
-    output_tokens: int
-    max_new_tokens: int
-    round: int = 0
-    task_arrival_s: float | None = None
 
 
 @dataclass
@@ -52,8 +38,8 @@ class FakeEngine:
         self.kv_budget = kv_budget
         self.step_s = step_s
         self.fail_at = fail_at
-        self.waiting: collections.deque[FakeRequest] = collections.deque()
-        self.running: dict[str, FakeRequest] = {}
+        self.waiting: collections.deque[EngineRequest] = collections.deque()
+        self.running: dict[str, EngineRequest] = {}
         self.generated: dict[str, int] = {}
         self.arrival: dict[str, float] = {}
         self.prefix_tokens: dict[str, int] = {}
@@ -62,7 +48,7 @@ class FakeEngine:
         self.stage_dones: list[tuple[str, str]] = []
         self.task_dones: list[str] = []
         self.cancelled: list[str] = []
-        self.submitted: list[FakeRequest] = []
+        self.submitted: list[EngineRequest] = []
         self._stats = FakeStats()
         self._next = None
 
@@ -71,7 +57,7 @@ class FakeEngine:
         return sum(self.prefix_tokens[a] for a in agents) + sum(
             r.input_tokens + r.max_new_tokens for r in self.running.values())
 
-    def submit(self, req: FakeRequest) -> None:
+    def submit(self, req: EngineRequest) -> None:
         if req.prefix_tokens + req.input_tokens + req.max_new_tokens > self.kv_budget:
             raise FakeOverBudgetError(f"request {req.rid} needs more KV than the budget {self.kv_budget}")
         self.prefix_tokens.setdefault(req.agent, req.prefix_tokens)
@@ -138,7 +124,7 @@ class FakeEngine:
         return self._stats
 
     def snapshot(self) -> Snapshot:
-        def view(r: FakeRequest) -> RequestView:
+        def view(r: EngineRequest) -> RequestView:
             return RequestView(r.rid, r.task_id, r.workflow, r.stage, r.agent, r.prefix_tokens, r.input_tokens,
                                r.max_new_tokens, self.generated.get(r.rid, 0), self.arrival[r.rid],
                                r.task_arrival_s or 0.0, r.round)
@@ -155,14 +141,14 @@ def fake_factory(**kw):
     def factory(config, workflows):
         eng = FakeEngine(**kw)
         factory.engines.append(eng)
-        return eng, FakeRequest
+        return eng, EngineRequest
 
     factory.engines = []
     return factory
 
 
-def _req(rid: str, out: int, max_new: int | None = None) -> FakeRequest:
-    return FakeRequest(rid, "t", None, "s", "a", 10, 5, out, max_new or out)
+def _req(rid: str, out: int, max_new: int | None = None) -> EngineRequest:
+    return EngineRequest(rid, "t", None, "s", "a", 10, 5, out, max_new or out)
 
 
 def test_fake_engine_runs_requests_to_completion_in_order() -> None:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from topas_agents.cli.args import positive_float, positive_int
@@ -54,12 +52,3 @@ def stdout_to_stderr() -> Iterator[None]:
     """MetaGPT prints (e.g. 'no mermaid') to stdout; keep stdout for our JSON."""
     with contextlib.redirect_stdout(sys.stderr):
         yield
-
-
-def write_json(path: str, data: Any) -> None:
-    try:
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
-    except OSError as exc:
-        raise ConfigError(f"--json {path}: cannot write: {exc.strerror or exc}") from None

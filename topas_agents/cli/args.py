@@ -1,10 +1,16 @@
-"""argparse value converters shared by every subcommand (one wording for every error)."""
+"""Shared by every subcommand: argparse value converters (one wording for every error)
+and the `--json OUT` writer."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
@@ -35,3 +41,13 @@ def positive_float(text: str) -> float:
     if not value > 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write `data` as indented JSON (no NaN/inf: they are not JSON) to `--json path`."""
+    try:
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    except OSError as exc:
+        raise ConfigError(f"--json {path}: cannot write: {exc.strerror or exc}") from None

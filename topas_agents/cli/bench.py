@@ -25,7 +25,7 @@ from ..bench.options import (
 from ..costmodel import DEFAULT_PROFILE, load_profile
 from ..errors import ConfigError
 from ..policies import BASELINES
-from .args import non_negative_int
+from .args import non_negative_int, write_json
 
 DEFAULT_POLICIES = ",".join((*BASELINES, "topas"))
 MICROBENCH = "topas_agents.policies.topas.microbench"
@@ -79,15 +79,6 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(run=run)
 
 
-def _write_json(path: str, data: Any) -> None:
-    try:
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
-    except OSError as exc:
-        raise ConfigError(f"--json {path}: cannot write: {exc.strerror or exc}") from None
-
-
 def _decision_cost(args: argparse.Namespace) -> int:
     try:
         module = importlib.import_module(MICROBENCH)
@@ -98,7 +89,7 @@ def _decision_cost(args: argparse.Namespace) -> int:
     result = bench(list(args.policies), n_agents=50, n_waiting=1000, seed=args.seed)
     print(json.dumps(result, indent=2))
     if args.json:
-        _write_json(args.json, result)
+        write_json(args.json, result)
     return 0
 
 
@@ -132,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     result = run_bench(config, progress=show)
     print(format_table(result, capacity_for(config)))
     if args.json:
-        _write_json(args.json, result)
+        write_json(args.json, result)
     if args.plot:
         plot_result(result, args.plot)
     return 0

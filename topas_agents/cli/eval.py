@@ -47,9 +47,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..integrations.metagpt.cli_support import stdout_to_stderr, write_json
+    from ..integrations.metagpt.cli_support import stdout_to_stderr
     from ..integrations.metagpt.environment import prepare_metagpt
     from ..integrations.metagpt.softwaredev import load_softwaredev
+    from .args import write_json
 
     prompts = load_softwaredev(args.limit)
     prepare_metagpt(args.root, log_level="INFO" if args.verbose else "ERROR")

@@ -79,8 +79,9 @@ async def _run(args: argparse.Namespace, url: str, scale: float) -> tuple[list[A
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..integrations.metagpt.cli_support import stdout_to_stderr, write_json
+    from ..integrations.metagpt.cli_support import stdout_to_stderr
     from ..integrations.metagpt.environment import prepare_metagpt
+    from .args import write_json
 
     if args.qa and args.workflow != "sop":
         raise ConfigError("--qa applies to `topas run sop` only")
