@@ -135,7 +135,8 @@ def test_aging_lets_an_old_task_overtake_a_denser_young_one():
     s = snap(budget=4096 + 768 + 100, waiting=[young, old], tasks=[task("y"), task("o", arrival=-300.0)],
              prefixes={"a": (4096, "gpu")})
     assert _decide(make_policy("topas"), s).admit == ("o/s1",)
-    assert _decide(make_policy("topas-noaging"), s).admit == ("y/s1",)  # fewer KV tokens per progress
+    # without aging, the knapsack-density order (kv_exp = 1) prefers fewer KV tokens per progress
+    assert _decide(make_policy("topas-noaging", {"kv_exp": "1"}), s).admit == ("y/s1",)
     ctx = _context(s)
     g_old, g_young = ctx.task(old).g, ctx.task(young).g
     from topas_agents.policies.topas.terms import aging
@@ -192,3 +193,14 @@ def test_v_reuse_never_prefetches_by_recompute():
              prefixes={"a": (4096, "gpu"), "b": (4096, "none"), "c": (4096, "none"), "d": (4096, "none")},
              profile=replace(PROFILE, host_tier=False))
     assert make_policy("topas").decide(s) == NOOP  # a speculative recompute would stall the batch
+
+
+def test_default_fill_order_ignores_the_kv_reservation():
+    """kv_exp = 0 (default): equal weighted progress, so the larger reservation is not penalised
+    and the earlier task goes first; kv_exp = 1 ranks by progress per KV token."""
+    small = req("y/s1", "y", "s1", "a", inp=400, arrival=0.0, task_arrival=0.0)
+    large = req("o/s1", "o", "s1", "a", inp=512, arrival=-1.0, task_arrival=-1.0)
+    s = snap(budget=4096 + 768 + 100, waiting=[small, large], tasks=[task("y"), task("o", arrival=-1.0)],
+             prefixes={"a": (4096, "gpu")})
+    assert _decide(make_policy("topas-base"), s).admit == ("o/s1",)
+    assert _decide(make_policy("topas-base", {"kv_exp": "1"}), s).admit == ("y/s1",)

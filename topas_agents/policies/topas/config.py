@@ -41,6 +41,10 @@ class TopasConfig:
                 (0: the weight is aging alone).
     work_floor  progress of a request is at least work_floor x the service it receives, also
                 off the critical path (0: pure critical-path gain; 1: pure work).
+    kv_exp      GreedyPack fills by task weight x progress / kv_tokens**kv_exp (kv_tokens is
+                the full decode reservation). 0 (default): by weighted progress alone; 1 (the
+                earlier default, knapsack density) ranked long-output stages, often on the
+                critical path, behind short ones.
     seed        seed of the sample matrix (decisions are deterministic given it).
     """
 
@@ -57,6 +61,7 @@ class TopasConfig:
     max_additions: int = 8
     size_weight: float = 1.0
     work_floor: float = 0.25
+    kv_exp: float = 0.0
     seed: int = 0
 
 
@@ -75,6 +80,7 @@ _LIMITS: dict[str, tuple[type, float, float | None]] = {
     "max_additions": (int, 1, 1024),
     "size_weight": (float, 0.0, None),
     "work_floor": (float, 0.0, 1.0),
+    "kv_exp": (float, 0.0, 2.0),
     "seed": (int, 0, None),
 }
 assert set(_LIMITS) == {f.name for f in dataclasses.fields(TopasConfig)}

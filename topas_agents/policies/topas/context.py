@@ -72,7 +72,7 @@ class Item:
     col: int  # source index in task.paths; -1 when valued alone
     delta: float  # service received in the next interval: min(remaining, horizon)
     gain: float = 0.0  # expected L reduction (given the task's running requests)
-    prio: float = 0.0  # task weight x gain / kv_tokens (the GreedyPack order)
+    prio: float = 0.0  # task weight x gain / kv_tokens**kv_exp (the GreedyPack order)
     order: int = 0  # deterministic tie-breaker
     reuse: tuple[tuple[str, float], ...] | None = None  # (child agent, value) lazily
     pinned: bool = False  # running and about to finish: never preempted
@@ -180,7 +180,7 @@ class Context:
                     item.gain = task.progress1(item.col, item.delta)
             else:
                 item.gain = item.delta
-            item.prio = task.g * item.gain / max(1, req.kv_tokens)
+            item.prio = task.g * item.gain / max(1, req.kv_tokens) ** self.cfg.kv_exp
             items.append(item)
         items.sort(key=lambda it: (-it.prio, it.req.task_arrival_s, it.req.arrival_s, it.req.rid))
         for i, it in enumerate(items):

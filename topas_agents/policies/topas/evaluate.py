@@ -106,6 +106,8 @@ def format_seeds(summaries: dict) -> str:
     for w in workloads:
         cells = []
         for m in ("mean", "p99"):
+            if any(m not in summaries[s][w]["vs_best"] for s in seeds):  # no baseline was run
+                continue
             reds = [100 * summaries[s][w]["vs_best"][m]["reduction"] for s in seeds]
             cells.append(f"{m} " + " ".join(f"{r:+5.1f}" for r in reds) + f" | {sum(reds) / len(reds):+5.1f}%")
         lines.append(f"{w:12} " + "   ".join(cells))

@@ -181,7 +181,7 @@ def _fill(pk: _Packer, lists: list[list[Item]], min_kv: int) -> list[Item]:
         if m <= _EPS:
             deferred.append(it)
             continue
-        prio = it.task.g * m / max(1, it.req.kv_tokens)
+        prio = it.task.g * m / max(1, it.req.kv_tokens) ** pk.ctx.cfg.kv_exp
         if prio < -neg * (1 - 1e-9) - _EPS:  # stale (a sibling was admitted): re-queue
             heapq.heappush(heap, (-prio, order, li, -it.order - 1))
             continue
