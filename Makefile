@@ -11,12 +11,11 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# metagpt 0.8.2's own pins cannot resolve (lancedb==0.4.0 is gone): install it without
-# deps plus a working set of its pins (integrations/requirements-metagpt.txt).
-$(STAMP): $(BIN)/python pyproject.toml integrations/requirements-metagpt.txt
-	$(BIN)/pip install -q -r integrations/requirements-metagpt.txt
+# metagpt 0.8.2's own pins cannot resolve (lancedb==0.4.0 is gone): the [metagpt] extra is
+# a working set of its pins, and metagpt itself goes in with --no-deps.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e ".[dev,metagpt]"
 	$(BIN)/pip install -q --no-deps metagpt==0.8.2
-	$(BIN)/pip install -q -e ".[dev]" -r integrations/requirements-metagpt.txt
 	touch $(STAMP)
 
 install: $(STAMP)

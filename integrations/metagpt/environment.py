@@ -66,8 +66,8 @@ def prepare_metagpt(root: str | Path = DEFAULT_ROOT, *, log_level: str = "WARNIN
     force (MetaGPT cannot move it) and a warning is logged; per-run workspaces still go
     where each run's Config says."""
     if not metagpt_available():
-        raise ConfigError("metagpt is not installed: run `make install` (metagpt 0.8.2 --no-deps "
-                          "+ integrations/requirements-metagpt.txt)")
+        raise ConfigError("metagpt is not installed: run `make install` (pip install -e '.[metagpt]', "
+                          "then pip install --no-deps metagpt==0.8.2)")
     root = Path(root).resolve()
     if "metagpt.const" in sys.modules:
         from metagpt.const import METAGPT_ROOT
