@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import yaml
 
 from ..errors import WorkflowError
-from ..workflow import Workflow, builtin_workflows, load_workflow, parse_workflow
+from ..workflow import Workflow, builtin_workflows, load_workflow, parse_workflow, yaml_error_detail
 from .api_errors import ApiError, bad_request
 
 
@@ -59,9 +59,7 @@ class WorkflowRegistry:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark else ""
-            raise bad_request(f"invalid YAML/JSON{where}: {getattr(exc, 'problem', exc)}") from None
+            raise bad_request(f"invalid YAML/JSON{yaml_error_detail(exc)}") from None
         try:
             if isinstance(data, str) and data in builtin_workflows():  # a built-in by name
                 wf = load_workflow(data)

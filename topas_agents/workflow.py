@@ -270,6 +270,13 @@ def _parse_workflow(data: Any) -> Workflow:
     return Workflow(name, agents, stages, tuple(float(x) for x in loads), desc)
 
 
+def yaml_error_detail(exc: yaml.YAMLError) -> str:
+    """' at line N: problem' for a YAML parse error (one line, for user-facing messages)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}" if mark else ""
+    return f"{where}: {getattr(exc, 'problem', exc)}"
+
+
 def builtin_workflow_dir() -> Path:
     from topas_agents import datasets
 
@@ -297,9 +304,7 @@ def load_workflow(name_or_path: str | Path) -> Workflow:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise WorkflowError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        raise WorkflowError(f"{path}: invalid YAML{yaml_error_detail(exc)}") from None
     return parse_workflow(data, str(path))
 
 

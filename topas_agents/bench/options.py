@@ -13,6 +13,7 @@ import yaml
 
 from ..errors import ConfigError
 from ..policies import available_policies
+from ..workflow import yaml_error_detail
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -87,9 +88,7 @@ def load_policy_config(path: str | Path, policies: tuple[str, ...]) -> dict[str,
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{where}: invalid YAML{line}: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(f"{where}: invalid YAML{yaml_error_detail(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
