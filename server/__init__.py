@@ -5,7 +5,7 @@ Light at import: FastAPI/uvicorn load only when a server is built. See docs/serv
 
 from __future__ import annotations
 
-from typing import Any
+from topas_agents._lazy import lazy_getattr
 
 _LAZY = {
     "ServerConfig": "topas_agents.server.config",
@@ -20,9 +20,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'topas_agents.server' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)

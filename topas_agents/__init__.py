@@ -5,7 +5,7 @@ Light at import: heavy pieces (engine, server, integrations) load on first use.
 
 from __future__ import annotations
 
-from typing import Any
+from topas_agents._lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -25,9 +25,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'topas_agents' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -20,8 +20,7 @@ Modules (see docs/integrations.md):
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from topas_agents._lazy import lazy_getattr
 
 _LAZY = {
     "write_config": "config_file",
@@ -49,8 +48,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        module = importlib.import_module(f"{__name__}.{_LAZY[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
