@@ -30,13 +30,20 @@ _REGISTRY: dict[str, str] = {
     "parrot": "topas_agents.policies.baselines:ParrotFCFS",
     "las": "topas_agents.policies.baselines:AutellixLAS",
     "spf": "topas_agents.policies.baselines:SPF",
+    # peers outside the paper's baseline set (reported, not used as "the best baseline")
+    "lpm-gated": "topas_agents.policies.baselines:LPMGated",
+    "kvflow": "topas_agents.policies.kvflow:KVFlow",
     "topas": "topas_agents.policies.topas:make_topas",
+    "topas-paper": "topas_agents.policies.topas:make_topas_paper",
     "topas-base": "topas_agents.policies.topas:make_topas_base",
     "topas-noreuse": "topas_agents.policies.topas:make_topas_noreuse",
     "topas-noaging": "topas_agents.policies.topas:make_topas_noaging",
 }
 
+# The paper's five baselines (section V-A): "the best baseline" of every comparison is one of these.
 BASELINES: tuple[str, ...] = ("fcfs", "lpm", "parrot", "las", "spf")
+# Published peers we also run and report, outside the paper's comparison set.
+PEERS: tuple[str, ...] = ("lpm-gated", "kvflow")
 
 
 def available_policies() -> tuple[str, ...]:
