@@ -156,7 +156,7 @@ def test_no_waiting_and_nothing_running_is_a_noop():
 
 
 def test_same_snapshot_sequence_same_decisions():
-    from topas_agents.policies.topas.microbench import _workflow, _World
+    from topas_agents.bench.microbench import _workflow, _World
 
     def run() -> list:
         import random

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from test_topas_support import PROFILE, workflow
 
+from topas_agents.bench.microbench import run_decision_benchmark
 from topas_agents.policies import make_policy
-from topas_agents.policies.topas.microbench import run_decision_benchmark
 from topas_agents.sim import make_trace, simulate
 from topas_agents.workflow import load_workflow
 

@@ -38,6 +38,10 @@ _REGISTRY: dict[str, str] = {
     "topas-base": "topas_agents.policies.topas:make_topas_base",
     "topas-noreuse": "topas_agents.policies.topas:make_topas_noreuse",
     "topas-noaging": "topas_agents.policies.topas:make_topas_noaging",
+    "topas-paper-base": "topas_agents.policies.topas:make_topas_paper_base",
+    "topas-paper-noreuse": "topas_agents.policies.topas:make_topas_paper_noreuse",
+    "topas-paper-noaging": "topas_agents.policies.topas:make_topas_paper_noaging",
+    "topas-paper-tuned": "topas_agents.policies.topas:make_topas_paper_tuned",
 }
 
 # The paper's five baselines (section V-A): "the best baseline" of every comparison is one of these.

@@ -10,16 +10,26 @@ from dataclasses import replace
 from typing import Any
 
 from .config import TopasConfig, make_config
+from .paper_config import TUNED_OPTIONS, PaperConfig, make_paper_config
+from .paper_policy import TopasPaperPolicy
 from .policy import TopasPolicy
 
 __all__ = [
+    "PaperConfig",
     "TopasConfig",
+    "TopasPaperPolicy",
     "TopasPolicy",
     "make_config",
+    "make_paper_config",
     "make_topas",
     "make_topas_base",
     "make_topas_noaging",
     "make_topas_noreuse",
+    "make_topas_paper",
+    "make_topas_paper_base",
+    "make_topas_paper_noaging",
+    "make_topas_paper_noreuse",
+    "make_topas_paper_tuned",
 ]
 
 
@@ -41,3 +51,28 @@ def make_topas_noreuse(**options: Any) -> TopasPolicy:
 def make_topas_noaging(**options: Any) -> TopasPolicy:
     """Ablation: no log aging (rho = 0)."""
     return TopasPolicy(make_config(replace(TopasConfig(), rho=0.0), **options), "topas-noaging")
+
+
+def make_topas_paper(**options: Any) -> TopasPaperPolicy:
+    """Topas as the paper prints it (section IV, Algorithm 1); options: `PaperConfig` fields."""
+    return TopasPaperPolicy(make_paper_config(**options), "topas-paper")
+
+
+def make_topas_paper_base(**options: Any) -> TopasPaperPolicy:
+    """Paper ablation Topas-base (section V-C): no V_reuse (beta = 0), no aging (rho = 0)."""
+    return TopasPaperPolicy(make_paper_config(PaperConfig(beta=0.0, rho=0.0), **options), "topas-paper-base")
+
+
+def make_topas_paper_noreuse(**options: Any) -> TopasPaperPolicy:
+    """Paper ablation: no V_reuse (beta = 0)."""
+    return TopasPaperPolicy(make_paper_config(PaperConfig(beta=0.0), **options), "topas-paper-noreuse")
+
+
+def make_topas_paper_noaging(**options: Any) -> TopasPaperPolicy:
+    """Paper ablation: no aging (rho = 0)."""
+    return TopasPaperPolicy(make_paper_config(PaperConfig(rho=0.0), **options), "topas-paper-noaging")
+
+
+def make_topas_paper_tuned(**options: Any) -> TopasPaperPolicy:
+    """The paper core with the named options of `topas` switched on (`TUNED_OPTIONS`)."""
+    return TopasPaperPolicy(make_paper_config(make_paper_config(**TUNED_OPTIONS), **options), "topas-paper-tuned")

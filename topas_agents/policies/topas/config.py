@@ -86,8 +86,8 @@ _LIMITS: dict[str, tuple[type, float, float | None]] = {
 assert set(_LIMITS) == {f.name for f in dataclasses.fields(TopasConfig)}
 
 
-def _convert(name: str, value: Any) -> Any:
-    kind, lo, hi = _LIMITS[name]
+def _convert(name: str, value: Any, limits: dict[str, tuple[type, float, float | None]] | None = None) -> Any:
+    kind, lo, hi = (limits or _LIMITS)[name]
     try:
         if isinstance(value, bool):
             raise ValueError

@@ -10,6 +10,7 @@ are cached across decisions (see `Context._paths`, `Context.remaining`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ...snapshot import PrefixView, RequestView, Snapshot, TaskView
 from ...workflow import Workflow
@@ -19,6 +20,30 @@ from .profiles import ServiceProfiles, prior_service_s
 from .terms import CreditStore, aging, imminence, j_redo, load_cost, released_children, reload_cost
 
 _EMPTY: frozenset = frozenset()
+
+
+class Remaining(NamedTuple):
+    """A cached remaining-service estimate, valid while the engine hands the same view."""
+
+    view: RequestView
+    seconds: float
+
+
+class TaskMemo(NamedTuple):
+    """A task's path matrix and the state it was built for (see `Context._paths`)."""
+
+    view: TaskView | None
+    model: WorkflowModel
+    done: frozenset[str]
+    active: tuple[tuple[str, float], ...]  # attained service on the grid
+    paths: TaskPaths
+    quantum_s: float
+
+# demand(): an agent's queue counts up to this many requests (a long queue should not
+# dominate the greedy ranking; it only orders which outsiders are tried first).
+_DEMAND_QUEUE_CAP = 8
+# prior_scales() without workflows: the mean over this many requests is enough for a scale.
+_PRIOR_SAMPLE = 64
 
 
 @dataclass(slots=True)
@@ -105,8 +130,8 @@ class Context:
     oldest: dict[str, float] = field(default_factory=dict)  # earliest task arrival per agent
     views: dict[str, TaskView] = field(default_factory=dict)
     models: dict[str, WorkflowModel] = field(default_factory=dict)
-    rem_cache: dict[str, tuple] = field(default_factory=dict)  # rid -> (view, remaining), persistent
-    task_memo: dict[str, tuple] = field(default_factory=dict)  # task_id -> (view, model, done, active, paths, q)
+    rem_cache: dict[str, Remaining] = field(default_factory=dict)  # rid -> estimate, persistent
+    task_memo: dict[str, TaskMemo] = field(default_factory=dict)  # task_id -> memo, persistent
     _cands: dict[str, list[Item]] = field(default_factory=dict)
     _load: dict[str, tuple[float, bool]] = field(default_factory=dict)
     _preempt_cost: dict[str, float] = field(default_factory=dict)
@@ -197,31 +222,31 @@ class Context:
     def remaining(self, req: RequestView) -> float:
         hit = self.rem_cache.get(req.rid)
         # engines reuse the view object of an unchanged request: identity validates the entry
-        remaining = hit[1] if hit is not None and hit[0] is req else remaining_service_s(req, self.snap)
-        self.rem_cache[req.rid] = (req, remaining)
+        remaining = hit.seconds if hit is not None and hit.view is req else remaining_service_s(req, self.snap)
+        self.rem_cache[req.rid] = Remaining(req, remaining)
         return remaining
 
     def _paths(self, task_id: str, view: TaskView | None, model: WorkflowModel, done: frozenset[str]) -> TaskPaths:
         """The task's path matrix, reused while its state is unchanged: same view object (engines
         cache views of unchanged tasks), or same done set and attained service on the grid."""
         memo = self.task_memo.get(task_id)
-        if memo is not None and memo[0] is view and memo[1] is model and memo[5] == self.quantum_s:
-            return memo[4]
+        if memo is not None and memo.view is view and memo.model is model and memo.quantum_s == self.quantum_s:
+            return memo.paths
         active = view.active_stages if view is not None else ()
         if active:  # attained service on a grid: running tasks keep their cache entry
             q = self.quantum_s
             active = tuple((st, (e // q) * q) for st, e in active)
-        if memo is not None and memo[1] is model and memo[2] == done and memo[3] == active:
-            paths = memo[4]
+        if memo is not None and memo.model is model and memo.done == done and memo.active == active:
+            paths = memo.paths
         else:
             paths = self.paths.task(model, done, dict(active))
-        self.task_memo[task_id] = (view, model, done, active, paths, self.quantum_s)
+        self.task_memo[task_id] = TaskMemo(view, model, done, active, paths, self.quantum_s)
         return paths
 
     def demand(self, agent: str) -> float:
         """Cheap ranking proxy for adding an agent: aging of its oldest task x its queue."""
         age = self.snap.now - self.oldest.get(agent, self.snap.now)
-        return aging(age, self.age_scale_s, max(self.cfg.rho, 1.0)) * min(len(self.waiting.get(agent, ())), 8)
+        return aging(age, self.age_scale_s, max(self.cfg.rho, 1.0)) * min(len(self.waiting.get(agent, ())), _DEMAND_QUEUE_CAP)
 
     def task(self, req: RequestView) -> TaskCtx:
         """The task of `req` (built once per decision)."""
@@ -303,12 +328,12 @@ def prior_scales(snap: Snapshot) -> tuple[float, float]:
     reqs = snap.waiting + snap.running
     if not reqs:
         return 1.0, 1.0
-    mean = sum(remaining_service_s(r, snap) for r in reqs[:64]) / min(64, len(reqs))
+    mean = sum(remaining_service_s(r, snap) for r in reqs[:_PRIOR_SAMPLE]) / min(_PRIOR_SAMPLE, len(reqs))
     return mean, mean
 
 
 def build_context(snap: Snapshot, cfg: TopasConfig, credits: CreditStore, profiles: ServiceProfiles,
-                  paths: PathEstimator, scales: tuple[float, float], rem_cache: dict) -> Context:
+                  paths: PathEstimator, scales: tuple[float, float], rem_cache: dict[str, Remaining]) -> Context:
     ctx = Context(snap, cfg, credits, profiles, paths)
     ctx.rem_cache = rem_cache
     ctx.age_scale_s = profiles.stage_scale(scales[0])

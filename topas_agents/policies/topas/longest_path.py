@@ -28,6 +28,11 @@ from ...costmodel import Profile
 from ...workflow import Workflow
 from .profiles import ServiceProfiles, StageDist
 
+# Task path matrices kept across decisions (LRU); the ready-set memo is cleared past its cap.
+# Both bound memory on long runs; a few thousand covers every live task of the built-in loads.
+_TASK_CACHE = 8192
+_READY_CACHE = 4096
+
 
 class WorkflowModel:
     """Per-workflow sample tails, rebuilt when any of its stage distributions changes."""
@@ -136,7 +141,7 @@ class TaskPaths:
 class PathEstimator:
     """Caches workflow models and task path matrices across decisions (keyed by task state)."""
 
-    def __init__(self, profiles: ServiceProfiles, capacity: int = 8192) -> None:
+    def __init__(self, profiles: ServiceProfiles, capacity: int = _TASK_CACHE) -> None:
         self._profiles = profiles
         self._models: dict[str, WorkflowModel] = {}
         self._tasks: dict[tuple, TaskPaths] = {}  # insertion order = recency of last use
@@ -163,7 +168,7 @@ class PathEstimator:
         rkey = (model.wf.name, done)
         ready = self._ready.get(rkey)
         if ready is None:
-            if len(self._ready) > 4096:
+            if len(self._ready) > _READY_CACHE:
                 self._ready.clear()
             ready = self._ready[rkey] = model.wf.ready_stages(done)
         sources = tuple((s, attained.get(s, 0.0)) for s in ready)

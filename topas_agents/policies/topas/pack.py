@@ -20,6 +20,16 @@ from .context import Context, Item, TaskCtx
 from .terms import j_move
 
 _EPS = 1e-12
+# The smallest request KV (which ends the fill) is taken over each list's first candidates:
+# the lists are sorted by priority, not size, so this is a cheap bound, exact on uniform sizes.
+_MIN_KV_SCAN = 64
+# Reserve: an uncovered prefix gets the best fitting of its first few candidates (a fitting
+# one is almost always among them; scanning the whole list costs O(waiting) per prefix set).
+_RESERVE_LOOKAHEAD = 4
+# Fill heap pops per decision: a few per admission plus a couple per list bounds the work of
+# stale re-queues (a sibling's admission changes a marginal) on large queues.
+_POPS_PER_ADMIT = 4
+_POPS_PER_LIST = 2
 
 
 @dataclass(slots=True)
@@ -137,7 +147,7 @@ def greedy_pack(ctx: Context, agents: frozenset[str]) -> PackResult | None:
     lists = [ctx.candidates(a) for a in order]
     if not any(lists):
         return pk.result
-    min_kv = min(it.req.kv_tokens for items in lists for it in items[:64])
+    min_kv = min(it.req.kv_tokens for items in lists for it in items[:_MIN_KV_SCAN])
     _reserve(pk, order, lists)
     deferred = _fill(pk, lists, min_kv)
     _zero_gain(pk, deferred, min_kv)
@@ -150,7 +160,7 @@ def _reserve(pk: _Packer, order: list[str], lists: list[list[Item]]) -> None:
     for agent, items in zip(order, lists, strict=True):
         if agent in covered or not items:
             continue
-        head = next((it for it in items[:4] if pk.fits(it)), None)
+        head = next((it for it in items[:_RESERVE_LOOKAHEAD] if pk.fits(it)), None)
         if head is not None:
             heads.append(head)
     heads.sort(key=lambda it: (-it.prio, it.order, it.req.rid))
@@ -167,7 +177,7 @@ def _fill(pk: _Packer, lists: list[list[Item]], min_kv: int) -> list[Item]:
     heap = [(-items[0].prio, items[0].order, i, 0) for i, items in enumerate(lists) if items]
     heapq.heapify(heap)
     deferred: list[Item] = []
-    budget_pops = 4 * k_admit + 2 * len(lists)
+    budget_pops = _POPS_PER_ADMIT * k_admit + _POPS_PER_LIST * len(lists)
     while heap and len(pk.result.admits) < k_admit and pk.free >= min_kv and budget_pops > 0:
         budget_pops -= 1
         neg, order, li, pos = heapq.heappop(heap)

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from ...snapshot import NOOP, Decision, Snapshot
 from .config import TopasConfig
-from .context import Context, build_context, prior_scales
+from .context import Context, Remaining, TaskMemo, build_context, prior_scales
+from .guard import work_conserving
 from .longest_path import PathEstimator
 from .profiles import ServiceProfiles
 from .search import Choice, search
 from .terms import CreditStore
+
+# Cross-decision caches (remaining-service estimates, task memos) are pruned to live entries
+# when they exceed this factor x (live entries + slack): amortised O(1) per decision.
+_CACHE_GROWTH = 4
+_CACHE_SLACK = 64
 
 
 class TopasPolicy:
@@ -21,10 +27,13 @@ class TopasPolicy:
         self.paths = PathEstimator(self.profiles)
         self.credits = CreditStore()
         self._scales: tuple[object, tuple[float, float]] | None = None
-        self._rem: dict[str, tuple] = {}  # remaining-service estimates, kept while used
-        self._task_memo: dict[str, tuple] = {}  # see Context.task_memo
+        self._rem: dict[str, Remaining] = {}  # remaining-service estimates, kept while used
+        self._task_memo: dict[str, TaskMemo] = {}  # see Context.task_memo
 
     def decide(self, snap: Snapshot) -> Decision:
+        return work_conserving(snap, self._decide(snap))
+
+    def _decide(self, snap: Snapshot) -> Decision:
         self.profiles.observe(snap.events)
         self.credits.sweep(r.rid for r in snap.running)
         if not snap.waiting and (self.config.beta <= 0.0 or not snap.running):
@@ -33,10 +42,10 @@ class TopasPolicy:
         ctx = build_context(snap, self.config, self.credits, self.profiles, self.paths, self._prior(snap), self._rem)
         ctx.task_memo = self._task_memo
         choice = search(ctx)
-        if len(self._rem) > 4 * (len(snap.waiting) + len(snap.running) + 64):
+        if len(self._rem) > _CACHE_GROWTH * (len(snap.waiting) + len(snap.running) + _CACHE_SLACK):
             live = {r.rid for r in snap.waiting} | {r.rid for r in snap.running}
             self._rem = {k: v for k, v in self._rem.items() if k in live}
-        if len(self._task_memo) > 4 * (len(snap.tasks) + 64):
+        if len(self._task_memo) > _CACHE_GROWTH * (len(snap.tasks) + _CACHE_SLACK):
             live = {t.task_id for t in snap.tasks}
             self._task_memo = {k: v for k, v in self._task_memo.items() if k in live}
         if choice is None:
