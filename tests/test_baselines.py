@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from topas_agents.costmodel import load_profile
-from topas_agents.policies import BASELINES, make_policy
-from topas_agents.policies.baselines import LPM, SPF, AutellixLAS, OrderedGreedy
+from topas_agents.errors import ConfigError
+from topas_agents.policies import BASELINES, PEERS, make_policy
+from topas_agents.policies.baselines import LPM, SPF, AutellixLAS, LPMGated, OrderedGreedy
 from topas_agents.policies.greedy import KVLedger, SortedWaiting, greedy_admit
 from topas_agents.snapshot import PrefixView, RequestView, Snapshot, TaskView, check_decision
 from topas_agents.workflow import load_workflow
@@ -141,7 +142,7 @@ def test_lpm_prefers_the_longest_cached_prefix() -> None:
 # ---------------------------------------------------------------------------- incremental queue
 
 
-@pytest.mark.parametrize("name", BASELINES)
+@pytest.mark.parametrize("name", [*BASELINES, "lpm-gated"])
 def test_incremental_order_matches_a_full_sort_across_decisions(name: str) -> None:
     """Drive a policy through many snapshots (arrivals, admissions, cancels, value changes)."""
     rng = random.Random(name)
@@ -215,7 +216,7 @@ def test_spf_and_las_sort_keys_are_total() -> None:
         assert len(set(keys)) == 2 and keys[0][-1] == "a"
 
 
-@pytest.mark.parametrize("name", BASELINES)
+@pytest.mark.parametrize("name", [*BASELINES, "lpm-gated"])
 def test_simengine_snapshots_take_the_incremental_fast_path(name: str) -> None:
     from topas_agents.sim import make_trace, simulate
 
@@ -224,3 +225,59 @@ def test_simengine_snapshots_take_the_incremental_fast_path(name: str) -> None:
     result = simulate(trace, policy, PROFILE)
     assert result.stats.decisions > 100
     assert policy._queue.rebuilds == 0  # noqa: SLF001 - no O(W log W) re-sort in the engine loop
+
+
+# ---------------------------------------------------------------------------- lpm-gated (Diagnostic 2)
+
+CHAIN = load_workflow("chain3")  # s1 (a) -> s2 (b) -> s3 (c)
+
+
+def chain_req(rid: str, stage: str, arrival: float) -> RequestView:
+    agent = {"s1": "a", "s2": "b", "s3": "c"}[stage]
+    return rv(rid, agent, arrival=arrival, workflow="chain3", stage=stage, prefix=4096)
+
+
+def gated_snap(waiting: list[RequestView]) -> Snapshot:
+    # a resident, b and c not: plain LPM serves the entrance first.
+    prefixes = [pv("a", 4096), pv("b", 4096, "none"), pv("c", 4096, "none")]
+    return snap(waiting=waiting, prefixes=prefixes, budget=4096 + 4096 + 3 * 200, workflows={"chain3": CHAIN})
+
+
+def test_lpm_gated_is_a_registered_peer_and_validates_its_options() -> None:
+    assert "lpm-gated" in PEERS and "lpm-gated" not in BASELINES
+    p = make_policy("lpm-gated", {"threshold": 3, "target": "deepest"})
+    assert isinstance(p, LPMGated) and (p.config.threshold, p.config.target) == (3, "deepest")
+    for bad in ({"threshold": 0}, {"threshold": True}, {"target": "root"}):
+        with pytest.raises(ConfigError):
+            make_policy("lpm-gated", bad)
+
+
+def test_gate_opens_at_the_threshold_and_closes_when_the_backlog_is_empty() -> None:
+    entrance = [chain_req(f"a{i}", "s1", i) for i in range(3)]
+    policy = LPMGated(threshold=2)
+    one_c = gated_snap([*entrance, chain_req("c0", "s3", 0.5)])
+    assert policy.decide(one_c).admit == ("a0", "a1", "a2")  # below threshold: plain LPM
+    policy = LPMGated(threshold=2)
+    two_c = gated_snap([*entrance, chain_req("c0", "s3", 0.5), chain_req("c1", "s3", 0.7)])
+    d = policy.decide(two_c)
+    assert d.admit[:2] == ("c0", "c1") and d.prefix_out == ()  # c's prefix fits beside a's
+    check_decision(two_c, d)
+    # Hysteresis: one c left (below threshold) keeps the gate open; none closes it.
+    policy = LPMGated(threshold=2)
+    policy.decide(gated_snap([chain_req("c0", "s3", 0.5), chain_req("c1", "s3", 0.7)]))
+    still = gated_snap([*entrance, chain_req("c2", "s3", 0.9)])
+    assert policy.decide(still).admit[0] == "c2"
+    policy.decide(gated_snap(entrance))
+    assert policy.decide(gated_snap([*entrance, chain_req("c3", "s3", 9.0)])).admit[0] == "a0"
+
+
+def test_sink_gate_ignores_a_middle_backlog_but_deepest_gate_drains_it() -> None:
+    waiting = [chain_req("a0", "s1", 0), chain_req("b0", "s2", 1), chain_req("b1", "s2", 2)]
+    assert LPMGated(threshold=2).decide(gated_snap(waiting)).admit[0] == "a0"
+    assert LPMGated(threshold=2, target="deepest").decide(gated_snap(waiting)).admit[0] == "b0"
+
+
+def test_gate_ignores_unlabelled_requests() -> None:
+    waiting = [rv("u0", "a", arrival=0), rv("u1", "a", arrival=1), rv("u2", "a", arrival=2)]
+    s = snap(waiting=waiting, prefixes=[pv("a")])
+    assert LPMGated(threshold=1).decide(s) == LPM().decide(s)

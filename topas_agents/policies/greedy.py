@@ -117,7 +117,7 @@ class SortedWaiting:
     """
 
     def __init__(self, static_key: Callable[[RequestView], tuple],
-                 group_of: Callable[[RequestView], Hashable] | None = None) -> None:
+                 group_of: Callable[[RequestView], Hashable] | None = None, default: Any = 0) -> None:
         self._static = static_key
         self._group_of = group_of
         self._prev: tuple[RequestView, ...] = ()
@@ -127,7 +127,7 @@ class SortedWaiting:
         self._views: dict[str, RequestView] = {}
         self._members: dict[Hashable, set[str]] = {}  # group -> rids waiting
         self._values: Mapping[Hashable, Any] = {}
-        self._default: Any = 0
+        self._default: Any = default  # group value of a group without one (see sync)
         self.rebuilds = 0
 
     # ---------------------------------------------------------------- maintenance
