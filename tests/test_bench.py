@@ -213,15 +213,16 @@ def _fake_result(policies=("fcfs", "lpm", "spf"), **kw):
 
 def test_json_shape_is_exact():
     _, res = _fake_result()
-    assert list(res) == ["workload", "profile", "seed", "tasks", "points", "summary"]
+    assert list(res) == ["workload", "profile", "seed", "tasks", "capacity_rps", "host_tier", "points", "summary"]
     assert (res["workload"], res["profile"], res["seed"], res["tasks"]) == ("chain3", "a100-80g-qwen2.5-32b", 3, 4)
+    assert res["host_tier"] == {"setup": "all", "policies": {"fcfs": True, "lpm": True, "spf": True}}
     for pt in res["points"]:
         assert list(pt) == ["rate", "load", "lower_bound", "results"]
         assert pt["load"] is None
         assert list(pt["lower_bound"]) == ["mean_jct", "critical_path", "work_bound"]
         assert list(pt["results"]) == ["fcfs", "lpm", "spf"]
         for row in pt["results"].values():
-            assert list(row) == [*RESULT_KEYS, "gap"]
+            assert list(row) == [*RESULT_KEYS, "prefix_recomputes", "host_tier", "gap"]
             assert row["gap"] == pytest.approx(row["mean_jct"] / pt["lower_bound"]["mean_jct"] - 1)
             assert row["decision_ms_p99"] is None  # NaN is not JSON: reported as null
     assert [pt["rate"] for pt in res["points"]] == [0.05, 0.1]

@@ -32,6 +32,24 @@ def parse_positive_floats(text: str, what: str) -> tuple[float, ...]:
     return tuple(values)
 
 
+def parse_seed_list(text: str, what: str = "--seeds", most: int = 100) -> tuple[int, ...]:
+    """`0,1,2` -> (0, 1, 2); non-negative integers, no repeats, at most `most` of them."""
+    seeds = []
+    for part in str(text).split(","):
+        try:
+            value = int(part.strip())
+        except ValueError:
+            raise ConfigError(f"{what}: expected non-negative integers separated by commas, got {part.strip()!r}") from None
+        if value < 0:
+            raise ConfigError(f"{what}: seeds must be non-negative, got {value}")
+        seeds.append(value)
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{what}: a seed is given twice in {text!r}")
+    if len(seeds) > most:
+        raise ConfigError(f"{what}: at most {most} seeds per command, got {len(seeds)}")
+    return tuple(seeds)
+
+
 def parse_positive_int(text: str, what: str) -> int:
     try:
         value = int(str(text).strip())

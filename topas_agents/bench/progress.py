@@ -34,6 +34,11 @@ class ProgressBar:
 
         return update
 
+    def advance(self, n: int) -> None:
+        """Count `n` tasks of a run that finished elsewhere (a worker process)."""
+        if self._bar is not None:
+            self._bar.update(n)
+
     def __enter__(self) -> ProgressBar:
         return self
 

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
-
-from ..errors import ConfigError
 
 
 def _s(x: float | None) -> str:
@@ -29,23 +26,35 @@ def _point_header(pt: Mapping[str, Any]) -> str:
             f"(critical path {_s(lb['critical_path'])} s, work bound {_s(lb['work_bound'])} s)")
 
 
-_COLUMNS = ("policy", "mean JCT s", "p99 JCT s", "gap to LB", "mean batch", "swaps", "preempt", "decision ms")
+_COLUMNS = ("policy", "host tier", "mean JCT s", "p99 JCT s", "gap to LB", "mean batch", "swaps", "recompute",
+            "preempt", "decision ms")
+_WIDTHS = (14, 10, 11, 11, 10, 11, 7, 10, 8, 12)
+
+
+def _line(cells: tuple[str, ...]) -> str:
+    return "".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, _WIDTHS, strict=True)))
+
+
+def _tier(x: bool | None) -> str:
+    return "-" if x is None else ("cpu" if x else "none")
 
 
 def format_table(result: Mapping[str, Any], capacity: float | None = None) -> str:
-    """Per point: one row per policy; then the summary over points."""
-    cap = f", capacity {capacity:.4g} tasks/s" if capacity else ""
-    lines = [f"{result['workload']} on {result['profile']}: {result['tasks']} tasks, seed {result['seed']}{cap}"]
-    widths = (14, 11, 11, 10, 11, 7, 8, 12)
-    header = "".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(_COLUMNS, widths, strict=True)))
+    """Per point: one row per policy; then the paper rule's summary over points."""
+    cap = capacity if capacity is not None else result.get("capacity_rps")
+    cap_s = f", capacity {cap:.4g} tasks/s" if cap else ""
+    setup = result.get("host_tier", {}).get("setup")
+    tier_s = f", host tier setup: {setup}" if setup else ""
+    lines = [f"{result['workload']} on {result['profile']}: {result['tasks']} tasks, seed {result['seed']}{cap_s}{tier_s}"]
     for pt in result["points"]:
-        lines += ["", _point_header(pt), header]
+        lines += ["", _point_header(pt), _line(_COLUMNS)]
         for name, r in pt["results"].items():
-            cells = (name, _s(r["mean_jct"]), _s(r["p99_jct"]), _pct(r["gap"]), _num(r["mean_batch"], ".1f"),
-                     _num(r["prefix_swaps"], "d"), _num(r["preemptions"], "d"), _num(r["decision_ms_mean"], ".3f"))
-            lines.append("".join(c.rjust(w) if i else c.ljust(w)
-                                 for i, (c, w) in enumerate(zip(cells, widths, strict=True))))
-    lines += ["", "summary (mean over points):"]
+            lines.append(_line((name, _tier(r.get("host_tier")), _s(r["mean_jct"]), _s(r["p99_jct"]), _pct(r["gap"]),
+                                _num(r["mean_batch"], ".1f"), _num(r["prefix_swaps"], "d"),
+                                _num(r.get("prefix_recomputes"), "d"), _num(r["preemptions"], "d"),
+                                _num(r["decision_ms_mean"], ".3f"))))
+    lines += ["", "summary (paper rule: each metric averaged over the points, ratio to the baseline "
+              "with the lowest average):"]
     for name, s in result["summary"].items():
         ratio, ratio99 = s["mean_jct_vs_best_baseline"], s["p99_jct_vs_best_baseline"]
         vs = f", mean {ratio:.3f}x best baseline ({s['best_baseline']})" if ratio is not None else ""
@@ -55,34 +64,38 @@ def format_table(result: Mapping[str, Any], capacity: float | None = None) -> st
     return "\n".join(lines)
 
 
-def plot_result(result: Mapping[str, Any], path: str | Path) -> Path:
-    """Mean and p99 JCT vs arrival rate, one line per policy (lower bound dashed)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # Agg only; no pyplot state
-    from matplotlib.figure import Figure
+def seed_result(doc: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, Any]:
+    """One seed of a `run_seeds` document as a single-seed bench document."""
+    return {"workload": doc["workload"], "profile": doc["profile"], "seed": run["seed"], "tasks": doc["tasks"],
+            "capacity_rps": doc.get("capacity_rps"), "host_tier": doc.get("host_tier", {}),
+            "points": run["points"], "summary": run["summary"]}
 
-    points = [pt for pt in result["points"] if pt["rate"] is not None]
-    rates = [pt["rate"] for pt in points]
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    FigureCanvasAgg(fig)
-    mean_ax, p99_ax = fig.subplots(1, 2)
-    policies = list(points[0]["results"]) if points else []
-    for name in policies:
-        # Topas stands out; its ablations are dashed so they read as variants of it.
-        style = {"linewidth": 2.5} if name == "topas" else {"linestyle": "--"} if name.startswith("topas") else {}
-        for ax, key in ((mean_ax, "mean_jct"), (p99_ax, "p99_jct")):
-            ys = [pt["results"][name][key] for pt in points]
-            ax.plot(rates, [float("nan") if y is None else y for y in ys], marker="o", label=name, **style)
-    mean_ax.plot(rates, [pt["lower_bound"]["mean_jct"] for pt in points], "k--", label="lower bound")
-    for ax, title in ((mean_ax, "mean JCT"), (p99_ax, "p99 JCT")):
-        ax.set_xlabel("arrival rate (tasks/s)")
-        ax.set_ylabel(f"{title} (s)")
-        ax.set_title(f"{result['workload']}: {title}")
-        ax.grid(alpha=0.3)
-    mean_ax.legend(fontsize=8)
-    out = Path(path)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=120)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--plot {path}: cannot write: {exc}") from None
-    return out
+
+def _ci(iv: Mapping[str, Any] | None, fmt: str = ".3f") -> str:
+    if iv is None:
+        return "-"
+    if iv["ci95"] is None:
+        return format(iv["mean"], fmt)
+    return f"{iv['mean']:{fmt}} [{iv['ci95'][0]:{fmt}}, {iv['ci95'][1]:{fmt}}]"
+
+
+def format_seeds_table(doc: Mapping[str, Any]) -> str:
+    """Each seed's per-point table, then per policy the paper-rule ratios' mean and 95% CI."""
+    parts = [format_table(seed_result(doc, run)) for run in doc["per_seed"]]
+    tiers = doc.get("host_tier", {}).get("policies", {})
+    lines = ["", f"over seeds {', '.join(map(str, doc['seeds']))} (mean [95% t CI]; ratio < 1: faster than the "
+             "best baseline):"]
+    for name, agg in doc["over_seeds"].items():
+        best = "/".join(sorted(set(agg["best_baseline"])))
+        best99 = "/".join(sorted(set(agg["best_baseline_p99"])))
+        lines.append(f"  {name:<14} host tier {_tier(tiers.get(name)):<4}  mean JCT {_ci(agg['mean_jct'], '.1f')} s, "
+                     f"ratio {_ci(agg['mean_jct_vs_best_baseline'])} vs {best}; p99 ratio "
+                     f"{_ci(agg['p99_jct_vs_best_baseline'])} vs {best99}")
+    return "\n\n".join(parts) + "\n" + "\n".join(lines)
+
+
+def plot_result(result: Mapping[str, Any], path: Any) -> Any:
+    """Mean and p99 JCT vs load (see `plots.plot_result`; matplotlib is imported there)."""
+    from .plots import plot_result as plot
+
+    return plot(result, path)

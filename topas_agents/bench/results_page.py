@@ -1,115 +1,176 @@
-"""The results page (`topas docs`): bench results as markdown tables per workload."""
+"""The results page (`topas docs`): `run_seeds` documents as markdown, per host-tier setup.
+
+Every number on the page is the paper rule (section V-A, `aggregate.paper_rule`) computed per
+seed, then its mean over seeds with a 95% t interval (`aggregate.over_seeds`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..policies import BASELINES
+from .aggregate import mean_ci
 
 
-def _s(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}"
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One workload under one host-tier setup: its seeds document and where its files are."""
+
+    doc: Mapping[str, Any]
+    description: str
+    stem: str
 
 
-def _gap(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:+.0f}%"
+def _red(iv: Mapping[str, Any] | None) -> str:
+    """A ratio interval as a reduction 1 - ratio in percent, with its CI."""
+    if iv is None:
+        return "-"
+    mid = f"{(1 - iv['mean']) * 100:+.1f}%"
+    if iv["ci95"] is None:
+        return mid
+    low, high = (1 - iv["ci95"][1]) * 100, (1 - iv["ci95"][0]) * 100
+    return f"{mid} [{low:+.1f}, {high:+.1f}]"
 
 
-def _cut(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:+.0f}%"
+def _s(iv: Mapping[str, Any] | None) -> str:
+    return "-" if iv is None else f"{iv['mean']:.1f}"
 
 
-def best_baseline(results: Mapping[str, Mapping[str, Any]], key: str = "mean_jct") -> str | None:
-    """The baseline with the lowest `key` at one point (None if no baseline ran)."""
-    ranked = [b for b in BASELINES if b in results and results[b][key] is not None]
-    return min(ranked, key=lambda b: results[b][key]) if ranked else None
+def _compared(policies: Sequence[str]) -> list[str]:
+    return [p for p in policies if p not in BASELINES]
 
 
-def reduction(point: Mapping[str, Any], policy: str = "topas", key: str = "mean_jct") -> tuple[float, str] | None:
-    """(1 - policy/best baseline, best baseline name) at one point, or None."""
-    res = point["results"]
-    best = best_baseline(res, key)
-    if best is None or policy not in res or res[policy][key] is None or not res[best][key]:
-        return None
-    return 1 - res[policy][key] / res[best][key], best
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def overall_reduction(result: Mapping[str, Any], key: str = "mean_jct") -> float | None:
-    """Mean over points of Topas's per-point reduction vs that point's best baseline."""
-    cuts = [r[0] for pt in result["points"] if (r := reduction(pt, key=key)) is not None]
-    return _mean(cuts)
-
-
-def workload_section(result: Mapping[str, Any], description: str, capacity: float, stem: str) -> list[str]:
-    lines = [f"## {result['workload']}", "", f"{description[:1].upper()}{description[1:]}. Capacity (ideal, see below): "
-             f"{capacity:.4g} tasks/s. Raw results: [`results/{stem}.json`](results/{stem}.json).", "",
-             f"![{result['workload']}: mean and p99 JCT vs arrival rate](results/{stem}.png)", "",
-             "| load | rate (tasks/s) | policy | mean JCT (s) | p99 JCT (s) | gap to LB |",
-             "|---:|---:|---|---:|---:|---:|"]
-    for pt in result["points"]:
-        load = "-" if pt["load"] is None else f"{pt['load']:.2f}"
-        rate = "-" if pt["rate"] is None else f"{pt['rate']:.4g}"
-        lb = pt["lower_bound"]
-        lines.append(f"| {load} | {rate} | *lower bound* | {_s(lb['mean_jct'])} | | "
-                     f"(critical path {_s(lb['critical_path'])}, work {_s(lb['work_bound'])}) |")
-        best = best_baseline(pt["results"])
-        for name, r in pt["results"].items():
-            label = f"**{name}**" if name == "topas" else (f"{name} (best baseline)" if name == best else name)
-            lines.append(f"| {load} | {rate} | {label} | {_s(r['mean_jct'])} | {_s(r['p99_jct'])} | {_gap(r['gap'])} |")
-    cuts = []
-    for pt in result["points"]:
-        mean_cut, p99_cut = reduction(pt), reduction(pt, key="p99_jct")
-        if mean_cut and p99_cut:
-            at = f"load {pt['load']:.2f}" if pt["load"] is not None else f"rate {pt['rate']:.4g}"
-            cuts.append(f"{at}: mean {_cut(mean_cut[0])} vs {mean_cut[1]}, p99 {_cut(p99_cut[0])} vs {p99_cut[1]}")
-    lines += ["", ("Topas's JCT reduction vs the best baseline at each point (positive: Topas is faster; "
-                   "negative: slower): " + "; ".join(cuts) + ".") if cuts else "Topas did not run on this workload.",
-              ""]
+def summary_table(entries: Sequence[Entry]) -> list[str]:
+    """Rows: workloads; columns: each non-baseline policy's mean and p99 JCT reduction vs the
+    best baseline (mean over seeds [95% CI])."""
+    policies = _compared(list(entries[0].doc["over_seeds"]))
+    head = "| workload | comparator (mean / p99) | " + " | ".join(
+        f"{p} mean | {p} p99" for p in policies) + " |"
+    lines = [head, "|---|---|" + "---:|" * (2 * len(policies))]
+    for e in entries:
+        agg = e.doc["over_seeds"]
+        any_row = next(iter(agg.values()))
+        best = "/".join(sorted(set(any_row["best_baseline"])))
+        best99 = "/".join(sorted(set(any_row["best_baseline_p99"])))
+        cells = " | ".join(f"{_red(agg[p]['mean_jct_vs_best_baseline'])} | {_red(agg[p]['p99_jct_vs_best_baseline'])}"
+                           for p in policies)
+        lines.append(f"| [{e.doc['workload']}](#{e.stem}) | {best} / {best99} | {cells} |")
     return lines
+
+
+def _point_label(pt: Mapping[str, Any], capacity: float | None) -> str:
+    if pt["load"] is not None:
+        return f"load {pt['load']:.2f}"
+    load = f" (load {pt['rate'] / capacity:.2f})" if capacity and pt["rate"] else ""
+    return f"{pt['rate']:.4g}/s{load}"
+
+
+def workload_section(entry: Entry) -> list[str]:
+    """Per point, each policy's mean/p99 JCT averaged over seeds; then the paper rule."""
+    doc = entry.doc
+    runs = doc["per_seed"]
+    points = runs[0]["points"]
+    tiers = doc["host_tier"]["policies"]
+    lines = [f'<a id="{entry.stem}"></a>', "", f"### {doc['workload']} (host tier `{doc['host_tier']['setup']}`)", "",
+             f"{entry.description[:1].upper()}{entry.description[1:]}. Capacity (ideal): {doc['capacity_rps']:.4g} "
+             f"tasks/s. Raw: [`results/{entry.stem}.json`](results/{entry.stem}.json).", "",
+             f"![{doc['workload']}: mean and p99 JCT vs load](results/{entry.stem}.png)", "",
+             "| policy | host tier | " + " | ".join(_point_label(pt, doc["capacity_rps"]) for pt in points)
+             + " | avg mean / p99 JCT (s) | mean vs best | p99 vs best |",
+             "|---|---|" + "---:|" * (len(points) + 3)]
+    lb = [mean_ci([r["points"][j]["lower_bound"]["mean_jct"] for r in runs]).mean for j in range(len(points))]
+    lines.append("| *lower bound* | | " + " | ".join(f"{x:.1f}" for x in lb) + " | | | |")
+    for name, agg in doc["over_seeds"].items():
+        cells = []
+        for j in range(len(points)):
+            means = [r["points"][j]["results"][name]["mean_jct"] for r in runs]
+            p99s = [r["points"][j]["results"][name]["p99_jct"] for r in runs]
+            ok = None not in means and None not in p99s
+            cells.append(f"{mean_ci(means).mean:.1f} / {mean_ci(p99s).mean:.1f}" if ok else "-")
+        label = f"**{name}**" if name.startswith("topas") else name
+        lines.append(f"| {label} | {'cpu' if tiers.get(name) else 'none'} | " + " | ".join(cells)
+                     + f" | {_s(agg['mean_jct'])} / {_s(agg['p99_jct'])} | {_red(agg['mean_jct_vs_best_baseline'])}"
+                     f" | {_red(agg['p99_jct_vs_best_baseline'])} |")
+    return [*lines, "", "Cells: mean JCT / p99 JCT in seconds, averaged over seeds. *vs best*: reduction "
+            "vs the best baseline by the paper rule, mean over seeds [95% CI] (positive: faster).", ""]
 
 
 HEADER = """# Results
 
 Generated by `{command}`; do not edit by hand: rerun the command to regenerate this page,
-`docs/results/*.json` (the raw `topas bench --json` documents) and `docs/results/*.png`.
+`docs/results/*.json` (the raw `topas bench --seeds ... --json` documents) and
+`docs/results/*.png`.
 
-Simulated engine, profile `{profile}`, seed {seed}, {tasks} tasks per run; every policy runs
-on the same Poisson arrival trace at each point. Policies: {policies}.{missing}
+Simulated engine, profile `{profile}`, {tasks} tasks per run, seeds {seeds}; at each point
+every policy runs on the same Poisson arrival trace. Policies: {policies}.{missing}
 
-* **load** is offered load as a fraction of the engine's ideal capacity for the workload:
-  `capacity = 1 / E[W]`, W the least GPU-seconds a task can cost (every call at the fullest
-  batch the KV budget allows, its prefix resident, no swaps). At load 1 no scheduler keeps
-  up; real policies saturate well below it (`topas_agents/bench/capacity.py`).
-* **lower bound (LB)** = max(mean critical path, work bound): each task's DAG at batch 1 with
-  prefixes resident (tool waits included), and the SRPT fluid server over the same arrivals
-  serving W per task (`topas_agents/bench/lower_bound.py`). **gap** = mean JCT / LB - 1.
-* **reduction** = 1 - Topas / best baseline at that point (the baseline with the lowest value).
+**Paper rule** (section V-A): for each metric m (mean or p99 JCT), average m over the
+operating points; the comparator is the baseline (of {baselines}) with the lowest average;
+**reduction** = 1 - avg_m(policy) / avg_m(comparator). It is computed per seed; the page
+shows its mean over the n seeds and a 95% confidence interval, mean -/+ t(0.975, n-1) * sd /
+sqrt(n) (sd: sample standard deviation over seeds). Positive: faster than every baseline.
 
-Topas's JCT reduction vs the best baseline, averaged over each workload's loads (positive:
-Topas is faster):
+**Host-tier setups.** `all` (symmetric): every policy keeps evicted prefixes in CPU memory
+and swaps them back, as SGLang's hierarchical cache gives every scheduler. `paper`: only the
+Topas variants have the CPU tier; the baselines and peers evict and recompute, as stock
+SGLang schedulers do in the paper's comparison.
 
-| workload | loads | mean JCT reduction | p99 JCT reduction |
-|---|---|---:|---:|
+**Points**: each workload's default loads (a load is a fraction of the ideal capacity
+`1 / E[W]`, W the least GPU-seconds a task can cost; `topas_agents/bench/capacity.py`) plus
+the arrival rates the paper states (`topas_agents/bench/protocol.py`). **Lower bound** =
+max(mean critical path, SRPT work bound) (`topas_agents/bench/lower_bound.py`).
 """
 
 
-def render_page(entries: Sequence[tuple[Mapping[str, Any], str, float, str]], *, command: str,
-                policies: Sequence[str], missing: Sequence[str]) -> str:
-    """entries: (bench result, workflow description, capacity, file stem) per workload."""
-    first = entries[0][0]
+def ablation_section(doc: Mapping[str, Any], command: str, stem: str) -> list[str]:
+    """Fig. 5: the ablations' JCT at the paper's TL rate, and the full policy's cut vs each."""
+    runs = doc["per_seed"]
+    lines = [f"## Ablations (Fig. 5): {doc['workload']} at {runs[0]['points'][0]['rate']:g} tasks/s", "",
+             f"`{command}`. Raw: [`results/{stem}.json`](results/{stem}.json).", "",
+             "| policy | mean JCT (s) [95% CI] | p99 JCT (s) [95% CI] | topas mean cut vs it | topas p99 cut vs it |",
+             "|---|---:|---:|---:|---:|"]
+    agg = doc["over_seeds"]
+    for name, row in agg.items():
+        cuts = []
+        for m in ("mean_jct", "p99_jct"):
+            vals = [1 - r["summary"]["topas"][m] / r["summary"][name][m] for r in runs
+                    if "topas" in r["summary"] and r["summary"][name][m]]
+            cuts.append("-" if name == "topas" or len(vals) != len(runs) else _cut(vals))
+        lines.append(f"| {name} | {_ival(row['mean_jct'])} | {_ival(row['p99_jct'])} | {cuts[0]} | {cuts[1]} |")
+    return [*lines, ""]
+
+
+def _ival(iv: Mapping[str, Any] | None) -> str:
+    if iv is None:
+        return "-"
+    ci = "" if iv["ci95"] is None else f" [{iv['ci95'][0]:.1f}, {iv['ci95'][1]:.1f}]"
+    return f"{iv['mean']:.1f}{ci}"
+
+
+def _cut(values: Sequence[float]) -> str:
+    iv = mean_ci(values)
+    ci = "" if iv.low is None else f" [{iv.low * 100:+.1f}, {(iv.high or 0) * 100:+.1f}]"
+    return f"{iv.mean * 100:+.1f}%{ci}"
+
+
+def render_page(setups: Mapping[str, Sequence[Entry]], *, command: str, policies: Sequence[str],
+                missing: Sequence[str], ablation: tuple[Mapping[str, Any], str, str] | None = None) -> str:
+    """setups: host-tier setup label -> its entries (one per workload). ablation: (seeds
+    document, its command, file stem) or None."""
+    first = next(iter(setups.values()))[0].doc
     miss = f" Not available in this build (skipped): {', '.join(missing)}." if missing else ""
-    out = [HEADER.format(command=command, profile=first["profile"], seed=first["seed"], tasks=first["tasks"],
-                         policies=", ".join(policies), missing=miss).rstrip("\n")]
-    for result, _, _, _ in entries:
-        loads = ", ".join(f"{pt['load']:.2f}" for pt in result["points"] if pt["load"] is not None)
-        mean_cut, p99_cut = overall_reduction(result), overall_reduction(result, "p99_jct")
-        out.append(f"| [{result['workload']}](#{result['workload']}) | {loads} | {_cut(mean_cut)} | {_cut(p99_cut)} |")
-    out.append("")
-    for result, description, capacity, stem in entries:
-        out += workload_section(result, description, capacity, stem)
+    out = [HEADER.format(command=command, profile=first["profile"], tasks=first["tasks"],
+                         seeds=", ".join(map(str, first["seeds"])), policies=", ".join(policies),
+                         missing=miss, baselines=", ".join(BASELINES)).rstrip("\n"), ""]
+    for label, entries in setups.items():
+        out += [f"## Summary, host tier `{label}`", "", "JCT reduction vs the best baseline, paper rule, "
+                "mean over seeds [95% CI]:", "", *summary_table(entries), ""]
+    if ablation is not None:
+        out += ablation_section(*ablation)
+    for label, entries in setups.items():
+        out += [f"## Per workload, host tier `{label}`", ""]
+        for e in entries:
+            out += workload_section(e)
     return "\n".join(out).rstrip("\n") + "\n"

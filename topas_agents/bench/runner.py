@@ -1,50 +1,39 @@
 """`run_bench`: every policy on the same arrival trace at each operating point, plus the
-oracle lower bound, as one JSON-ready dict (schema in `docs` and `topas bench --help`)."""
+oracle lower bound, as one JSON-ready dict (schema in `docs` and `topas bench --help`);
+`run_seeds`: the same over several seeds with the paper rule's mean and 95% CI over seeds;
+`run_many`: several benches' runs in one process pool (`topas docs`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..costmodel import Profile
-from ..errors import ConfigError, TopasError
-from ..policies import BASELINES, Policy, make_policy
+from ..errors import ConfigError
 from ..workflow import TaskPlan, Workflow
+from .aggregate import over_seeds, paper_rule
 from .capacity import capacity_of_tasks, capacity_rps, rate_for_load
+from .hosttier import HostTier, resolve_host_tier
+from .jobs import RESULT_KEYS, RunJob, SimBackend, build_policy, default_backend, finite, run_jobs
 from .lower_bound import lower_bound
-from .progress import ProgressBar
+from .protocol import LIMITS, check_range
 from .trace import redraw_arrivals
 from .work import check_fits
 
-RESULT_KEYS = ("mean_jct", "p99_jct", "first_task_s", "throughput_rps", "mean_batch",
-               "prefix_swaps", "preemptions", "decision_ms_mean", "decision_ms_p99")
-
-
-@dataclass(frozen=True, slots=True)
-class SimBackend:
-    """The simulator entry points (injectable so the bench logic is testable alone)."""
-
-    make_trace: Callable[..., tuple[TaskPlan, ...]]
-    simulate: Callable[..., Any]
-
-
-def default_backend() -> SimBackend:
-    try:
-        from ..sim import make_trace, simulate
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").startswith("topas_agents.sim"):
-            raise ConfigError("the simulator (topas_agents.sim) is not available in this install") from None
-        raise
-    return SimBackend(make_trace, simulate)
+__all__ = ["RESULT_KEYS", "BenchConfig", "SimBackend", "build_policy", "capacity_for", "default_backend",
+           "plan_points", "run_bench", "run_many", "run_seeds", "summarize"]
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     """What to run. Give `workflow` (synthetic Poisson traces) or `recorded` (a replayed
     trace, `workload` then names it). Give `rates` or `loads`, or neither: the workflow's
-    default loads (recorded traces: their own arrivals)."""
+    default loads (recorded traces: their own arrivals). `extra_rates` are added to the
+    loads' points (the paper's stated operating points). `host_tier`: a `HostTier` setup,
+    a bool for every policy, or None for the profile's setting. `task_jcts`: put every
+    task's JCT in the results (for CDFs)."""
 
     policies: tuple[str, ...]
     profile: Profile
@@ -53,12 +42,14 @@ class BenchConfig:
     workload: str | None = None
     rates: tuple[float, ...] = ()
     loads: tuple[float, ...] = ()
+    extra_rates: tuple[float, ...] = ()
     tasks: int = 100
     seed: int = 0
     kv_budget: int | None = None
-    host_tier: bool | None = None
+    host_tier: HostTier | bool | None = None
     policy_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     check: bool = False
+    task_jcts: bool = False
 
     @property
     def budget(self) -> int:
@@ -70,27 +61,16 @@ class BenchConfig:
             return self.workload
         return self.workflow.name if self.workflow else "trace"
 
+    @property
+    def host_setup(self) -> HostTier:
+        return resolve_host_tier(self.host_tier, self.profile.host_tier)
+
 
 @dataclass(frozen=True, slots=True)
 class Point:
     rate: float
     load: float | None
     trace: tuple[TaskPlan, ...]
-
-
-def build_policy(name: str, options: Mapping[str, Any] | None = None) -> Policy:
-    """`make_policy` with every failure turned into a one-line ConfigError."""
-    opts = dict(options or {})
-    try:
-        return make_policy(name, opts)
-    except ModuleNotFoundError as exc:
-        raise ConfigError(f"policy '{name}' is not available yet (module '{exc.name}' is missing)") from None
-    except AttributeError as exc:
-        raise ConfigError(f"policy '{name}' is not available yet ({exc})") from None
-    except TopasError as exc:
-        raise ConfigError(f"policy '{name}': {exc}") from None
-    except (TypeError, ValueError) as exc:  # factories reject unknown/ill-typed options so
-        raise ConfigError(f"policy '{name}' options {opts}: {exc}") from None
 
 
 def _validate(config: BenchConfig) -> None:
@@ -102,6 +82,9 @@ def _validate(config: BenchConfig) -> None:
         raise ConfigError("no policies to run")
     if config.tasks <= 0:
         raise ConfigError(f"tasks must be positive, got {config.tasks}")
+    check_range((config.tasks,), LIMITS.tasks, "tasks")
+    check_range(config.rates + config.extra_rates, LIMITS.rate, "rate", " tasks/s")
+    check_range(config.loads, LIMITS.load, "load")
     if config.budget <= 0:
         raise ConfigError(f"KV budget must be positive, got {config.budget}")
     if config.workflow is not None:
@@ -117,15 +100,17 @@ def plan_points(config: BenchConfig, backend: SimBackend) -> list[Point]:
     """The operating points and their traces (one trace per rate, shared by all policies)."""
     if config.recorded is not None:
         tasks = config.recorded[: config.tasks]
-        if config.rates:
-            return [Point(r, None, redraw_arrivals(tasks, r, config.seed)) for r in config.rates]
+        if not (config.rates or config.loads or config.extra_rates):
+            span = tasks[-1].arrival_s - tasks[0].arrival_s
+            rate = (len(tasks) - 1) / span if len(tasks) > 1 and span > 0 else math.nan
+            return [Point(rate, None, tuple(tasks))]
+        points = []
         if config.loads:
             cap = capacity_of_tasks(tasks, config.profile, config.budget)
-            return [Point(rate_for_load(u, cap), u, redraw_arrivals(tasks, rate_for_load(u, cap), config.seed))
-                    for u in config.loads]
-        span = tasks[-1].arrival_s - tasks[0].arrival_s
-        rate = (len(tasks) - 1) / span if len(tasks) > 1 and span > 0 else math.nan
-        return [Point(rate, None, tuple(tasks))]
+            points += [Point(rate_for_load(u, cap), u, redraw_arrivals(tasks, rate_for_load(u, cap), config.seed))
+                       for u in config.loads]
+        points += [Point(r, None, redraw_arrivals(tasks, r, config.seed)) for r in config.rates + config.extra_rates]
+        return _sorted_unique(points) if config.extra_rates else points
     wf = config.workflow
     assert wf is not None
     if config.rates:
@@ -133,70 +118,94 @@ def plan_points(config: BenchConfig, backend: SimBackend) -> list[Point]:
     else:
         cap = capacity_rps(wf, config.profile, config.budget)
         pairs = [(rate_for_load(u, cap), u) for u in (config.loads or wf.loads)]
-    return [Point(r, u, tuple(backend.make_trace(wf, config.tasks, r, config.seed))) for r, u in pairs]
+    pairs += [(r, None) for r in config.extra_rates]
+    points = [Point(r, u, tuple(backend.make_trace(wf, config.tasks, r, config.seed))) for r, u in pairs]
+    return _sorted_unique(points) if config.extra_rates else points
 
 
-def _finite(x: Any) -> Any:
-    """JSON has no NaN/inf: report them as null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
+def _sorted_unique(points: list[Point]) -> list[Point]:
+    """Points by rate, a stated rate equal to a load's rate counted once (the load's)."""
+    seen: dict[float, Point] = {}
+    for p in points:
+        seen.setdefault(round(p.rate, 12), p)
+    return sorted(seen.values(), key=lambda p: p.rate)
 
 
-def _run_point(point: Point, config: BenchConfig, backend: SimBackend, bar: ProgressBar) -> dict[str, Any]:
+def _point_jobs(index: tuple[int, int], point: Point, config: BenchConfig) -> list[RunJob]:
+    setup = config.host_setup
+    return [RunJob((*index, name), name, dict(config.policy_options.get(name) or {}), point.trace,
+                   config.profile, config.kv_budget, setup.has(name), config.check, config.task_jcts)
+            for name in config.policies]
+
+
+def _point_doc(point: Point, config: BenchConfig, rows: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     lb = lower_bound(point.trace, config.profile, config.budget)
     results: dict[str, Any] = {}
     for name in config.policies:
-        policy = build_policy(name, config.policy_options.get(name))
-        run = backend.simulate(point.trace, policy, config.profile, kv_budget=config.kv_budget,
-                               host_tier=config.host_tier, check=config.check,
-                               progress=bar.run_callback(f"{name} @ {point.rate:.3g}/s"))
-        metrics = run.as_dict()
-        row = {k: _finite(metrics[k]) for k in RESULT_KEYS}
-        mean = metrics["mean_jct"]
-        row["gap"] = _finite(mean / lb.mean_jct - 1) if lb.mean_jct > 0 else None
+        row = dict(rows[name])
+        mean = row["mean_jct"]
+        row["gap"] = finite(mean / lb.mean_jct - 1) if lb.mean_jct > 0 and mean is not None else None
         results[name] = row
-    return {"rate": _finite(point.rate), "load": point.load,
-            "lower_bound": {k: _finite(v) for k, v in lb.as_dict().items()}, "results": results}
-
-
-def _avg(values: Sequence[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return sum(vals) / len(vals) if vals and len(vals) == len(values) else None
+    return {"rate": finite(point.rate), "load": point.load,
+            "lower_bound": {k: finite(v) for k, v in lb.as_dict().items()}, "results": results}
 
 
 def summarize(points: Sequence[Mapping[str, Any]], policies: Sequence[str]) -> dict[str, Any]:
-    """Per policy: mean over points of mean/p99 JCT, and ratios to the best baseline for that
-    metric (`best_baseline`: lowest average mean JCT; `best_baseline_p99`: lowest average p99)."""
-    avg = {p: {"mean_jct": _avg([pt["results"][p]["mean_jct"] for pt in points]),
-               "p99_jct": _avg([pt["results"][p]["p99_jct"] for pt in points])} for p in policies}
-    best: dict[str, str | None] = {}
-    for key in ("mean_jct", "p99_jct"):
-        ranked = [b for b in BASELINES if b in avg and avg[b][key] is not None]
-        best[key] = min(ranked, key=lambda b, k=key: avg[b][k]) if ranked else None
-    out: dict[str, Any] = {}
-    for p, a in avg.items():
-        ratio = {}
-        for key in ("mean_jct", "p99_jct"):
-            ref = avg[best[key]][key] if best[key] else None
-            ratio[key] = a[key] / ref if a[key] is not None and ref else None
-        out[p] = {**a, "best_baseline": best["mean_jct"], "best_baseline_p99": best["p99_jct"],
-                  "mean_jct_vs_best_baseline": ratio["mean_jct"],
-                  "p99_jct_vs_best_baseline": ratio["p99_jct"]}
-    return out
+    """The paper rule (`aggregate.paper_rule`, section V-A) over one seed's points: per policy
+    the mean over points of mean/p99 JCT and ratios of those averages to the baseline with the
+    lowest average (`best_baseline` for mean JCT, `best_baseline_p99` for p99)."""
+    return paper_rule(points, policies)
 
 
-def run_bench(config: BenchConfig, *, backend: SimBackend | None = None,
-              progress: bool = False) -> dict[str, Any]:
+def _header(config: BenchConfig, tasks: int) -> dict[str, Any]:
+    return {"workload": config.name, "profile": config.profile.name, "tasks": tasks,
+            "capacity_rps": finite(capacity_for(config)),
+            "host_tier": {"setup": config.host_setup.label,
+                          "policies": config.host_setup.per_policy(config.policies)}}
+
+
+def run_many(configs: Sequence[BenchConfig], *, backend: SimBackend | None = None, jobs: int = 1,
+             progress: bool = False) -> list[dict[str, Any]]:
+    """`run_bench` of each config, all runs in one pool of `jobs` workers; same order."""
+    for config in configs:
+        _validate(config)
+    maker = backend or default_backend()
+    plans = [plan_points(c, maker) for c in configs]
+    work = [job for i, (c, pts) in enumerate(zip(configs, plans, strict=True))
+            for j, pt in enumerate(pts) for job in _point_jobs((i, j), pt, c)]
+    rows = run_jobs(work, workers=jobs, backend=backend, progress=progress)
+    docs = []
+    for i, (config, points) in enumerate(zip(configs, plans, strict=True)):
+        pts = [_point_doc(pt, config, {n: rows[(i, j, n)] for n in config.policies}) for j, pt in enumerate(points)]
+        head = _header(config, len(points[0].trace))
+        docs.append({"workload": head.pop("workload"), "profile": head.pop("profile"), "seed": config.seed,
+                     **head, "points": pts, "summary": summarize(pts, config.policies)})
+    return docs
+
+
+def run_bench(config: BenchConfig, *, backend: SimBackend | None = None, progress: bool = False,
+              jobs: int = 1) -> dict[str, Any]:
     """Run every policy at every point; returns the bench JSON document."""
-    _validate(config)
-    backend = backend or default_backend()
-    points = plan_points(config, backend)
-    total = sum(len(p.trace) for p in points) * len(config.policies)
-    with ProgressBar(total, enabled=progress) as bar:
-        rows = [_run_point(p, config, backend, bar) for p in points]
-    return {"workload": config.name, "profile": config.profile.name, "seed": config.seed,
-            "tasks": len(points[0].trace), "points": rows, "summary": summarize(rows, config.policies)}
+    return run_many([config], backend=backend, jobs=jobs, progress=progress)[0]
+
+
+def seeds_document(config: BenchConfig, per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One JSON over seeds: per-seed points and summaries, and `over_seeds` (per policy the
+    paper-rule ratios' mean over seeds with a 95% t interval; see `aggregate`)."""
+    head = _header(config, per_seed[0]["tasks"])
+    return {"workload": head.pop("workload"), "profile": head.pop("profile"),
+            "seeds": [d["seed"] for d in per_seed], **head,
+            "per_seed": [{"seed": d["seed"], "points": d["points"], "summary": d["summary"]} for d in per_seed],
+            "over_seeds": over_seeds([d["summary"] for d in per_seed])}
+
+
+def run_seeds(config: BenchConfig, seeds: Sequence[int], *, backend: SimBackend | None = None,
+              jobs: int = 1, progress: bool = False) -> dict[str, Any]:
+    """`run_bench` at each seed (each its own traces), as one `seeds_document`."""
+    if not seeds:
+        raise ConfigError("no seeds to run")
+    per_seed = run_many([replace(config, seed=s) for s in seeds], backend=backend, jobs=jobs, progress=progress)
+    return seeds_document(config, per_seed)
 
 
 def capacity_for(config: BenchConfig) -> float:

@@ -1,8 +1,11 @@
 """`topas bench`: every policy on the same Poisson trace(s) in the simulated engine.
 
     topas bench --workload chain3 --policies fcfs,lpm,topas --load 0.3,0.6 --tasks 100 --seed 0
+    topas bench --workload metagpt-tl --protocol paper --host-tier paper --jobs 2 --json out.json
+    topas bench --workload metagpt-tl --rate 0.0175 --policies topas,topas-base --seeds 0,1,2,3,4
     topas bench --trace run.jsonl --rate 0.2 --json out.json --plot out.png
-    topas bench --decision-cost --policies topas,lpm
+    topas bench --decision-cost --policies topas,lpm --profile h100-80g-qwen2.5-32b
+    topas bench --suite random --workflows 20 --seeds 0,1,2
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..bench.hosttier import HostTier, parse_host_tier
 from ..bench.options import (
     load_policy_config,
     merge_options,
@@ -21,14 +25,17 @@ from ..bench.options import (
     parse_policy_opts,
     parse_positive_floats,
     parse_positive_int,
+    parse_seed_list,
 )
+from ..bench.protocol import LIMITS, PROTOCOLS, check_range
 from ..costmodel import DEFAULT_PROFILE, load_profile
 from ..errors import ConfigError
-from ..policies import BASELINES
-from .args import non_negative_int, write_json
+from ..policies import BASELINES, available_policies
+from .args import non_negative_int, positive_int, write_json
 
 DEFAULT_POLICIES = ",".join((*BASELINES, "topas"))
-MICROBENCH = "topas_agents.policies.topas.microbench"
+MICROBENCH = "topas_agents.bench.microbench"
+SUITES = ("random",)
 
 
 def _arg(parse: Any, what: str) -> Any:
@@ -44,39 +51,110 @@ def _arg(parse: Any, what: str) -> Any:
     return convert
 
 
+def _bounded_floats(bounds: tuple[float, float], unit: str = "") -> Any:
+    def parse(text: str, what: str) -> tuple[float, ...]:
+        values = parse_positive_floats(text, what)
+        check_range(values, bounds, what, unit)
+        return values
+
+    return parse
+
+
+def _tasks(text: str, what: str) -> int:
+    value = parse_positive_int(text, what)
+    check_range((value,), LIMITS.tasks, what)
+    return value
+
+
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "bench", help="benchmark scheduling policies on a workflow in the simulated engine",
         description="Run every policy on the same Poisson arrival trace at each rate/load and "
-        "compare mean/p99 JCT against an oracle lower bound.")
+        "compare mean/p99 JCT against an oracle lower bound. With --seeds: per policy the paper "
+        "rule (section V-A: each metric averaged over the points, ratio to the baseline with the "
+        "lowest average), its mean over seeds and a 95%% t confidence interval.")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--workload", metavar="NAME|PATH.yaml", help="built-in workflow name or YAML file")
     src.add_argument("--trace", metavar="FILE.jsonl", help="replay recorded calls (see topas_agents/bench/trace.py)")
+    src.add_argument("--suite", choices=SUITES, help="run the random-workflow suite (topas_agents.suite)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, type=_arg(lambda t, w: parse_policy_list(t), "--policies"),
                    help=f"comma-separated policy names (default {DEFAULT_POLICIES})")
     point = p.add_mutually_exclusive_group()
-    point.add_argument("--rate", type=_arg(parse_positive_floats, "--rate"), metavar="R[,R2...]",
-                       help="arrival rates in tasks/s")
-    point.add_argument("--load", type=_arg(parse_positive_floats, "--load"), metavar="U[,U2...]",
-                       help="offered load as a fraction of the engine's capacity for the workload "
-                       "(default: the workflow's `loads`)")
-    p.add_argument("--tasks", type=_arg(parse_positive_int, "--tasks"), default=None,
-                   help="tasks per run (default 100; a trace: all of its tasks)")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="seed for arrivals and task sizes (default 0)")
+    point.add_argument("--rate", type=_arg(_bounded_floats(LIMITS.rate, " tasks/s"), "--rate"), metavar="R[,R2...]",
+                       help=f"arrival rates in tasks/s, each in [{LIMITS.rate[0]:g}, {LIMITS.rate[1]:g}]")
+    point.add_argument("--load", type=_arg(_bounded_floats(LIMITS.load), "--load"), metavar="U[,U2...]",
+                       help="offered load as a fraction of the engine's capacity for the workload, each in "
+                       f"[{LIMITS.load[0]:g}, {LIMITS.load[1]:g}] (default: the workflow's `loads`)")
+    p.add_argument("--tasks", type=_arg(_tasks, "--tasks"), default=None,
+                   help=f"tasks per run, at most {LIMITS.tasks[1]} (default 100, --protocol's; a trace: all)")
+    seed = p.add_mutually_exclusive_group()
+    seed.add_argument("--seed", type=non_negative_int, default=0, help="seed for arrivals and task sizes (default 0)")
+    seed.add_argument("--seeds", type=_arg(lambda t, w: parse_seed_list(t, w, LIMITS.seeds), "--seeds"),
+                      metavar="S1,S2,...", help="run at each seed; adds the paper rule's mean and 95%% CI over seeds")
+    p.add_argument("--protocol", choices=sorted(PROTOCOLS),
+                   help="named defaults for what is not given: paper = seeds 0-4, 200 tasks, the workflow's "
+                   "loads plus the rates the paper states (bench/protocol.py)")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"cost profile name or YAML (default {DEFAULT_PROFILE})")
     p.add_argument("--kv-budget", type=_arg(parse_positive_int, "--kv-budget"), metavar="TOKENS",
                    help="KV budget in tokens (default: the profile's)")
-    p.add_argument("--no-host-tier", action="store_true", help="evicted prefixes are dropped, not kept in CPU memory")
+    tier = p.add_mutually_exclusive_group()
+    tier.add_argument("--host-tier", metavar="all|none|paper|POLICY,...",
+                      type=_arg(lambda t, w: parse_host_tier(t, available_policies()), "--host-tier"),
+                      help="which policies keep evicted prefixes in CPU memory (else dropped and recomputed): "
+                      "all (symmetric, SGLang hierarchical cache), none, paper (Topas variants only) or a "
+                      "policy list (default: the profile's host_tier for every policy)")
+    tier.add_argument("--no-host-tier", action="store_true", help="alias of --host-tier none")
     p.add_argument("--policy-opt", action="append", default=[], metavar="POLICY.KEY=VALUE",
                    help="an option for one policy's factory (repeatable); VALUE is a YAML scalar")
     p.add_argument("--policy-config", metavar="FILE.yaml", help="YAML mapping policy name -> options")
+    p.add_argument("--jobs", type=positive_int, default=1, help="simulations run in parallel processes (default 1)")
     p.add_argument("--json", metavar="OUT", help="write the results as JSON")
-    p.add_argument("--plot", metavar="OUT.png", help="plot mean and p99 JCT vs rate")
+    p.add_argument("--task-jcts", action="store_true", help="put every task's JCT in the JSON (for CDFs)")
+    p.add_argument("--plot", metavar="OUT.png", help="plot mean and p99 JCT vs load (CI bands with --seeds)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--check", action="store_true", help="check engine invariants at every decision (slow)")
     p.add_argument("--decision-cost", action="store_true",
                    help="instead of a bench, time one decision per policy (50 agents, 1000 waiting)")
+    p.add_argument("--workflows", type=positive_int, default=20, help="--suite: random workflows (default 20)")
+    p.add_argument("--worst-dir", default="results/suite-worst", metavar="DIR",
+                   help="--suite: where the worst cases are written (default results/suite-worst)")
+    from ..cluster.cli import add_cluster_bench_options
+
+    add_cluster_bench_options(p)  # --replicas, --router, --tasks-per-replica, --scaling, --p99-target
+    _add_real_engine_options(p)
     p.set_defaults(run=run)
+
+
+def _add_real_engine_options(p: argparse.ArgumentParser) -> None:
+    """`--server URL` / `--engine sglang`: replay the trace as labelled calls against a real
+    endpoint (topas_agents.realbench); --workload, --policies, --tasks, --rate, --seed, --json
+    keep their meaning."""
+    real = p.add_argument_group("real engine (topas_agents.realbench, docs/sglang.md)")
+    real.add_argument("--server", default=None, metavar="URL", help="OpenAI base URL (.../v1) to replay the trace against")
+    real.add_argument("--engine", choices=("sim", "sglang"), default="sim",
+                      help="sglang: start a fresh real SGLang server per policy (needs --model-path)")
+    real.add_argument("--model-path", default=None, metavar="DIR", help="--engine sglang: model directory")
+    real.add_argument("--engine-arg", action="append", default=[], metavar="ARG", help="extra SGLang argument")
+    real.add_argument("--scale", type=float, default=0.05, help="real engine: prefix/input/output size factor")
+    real.add_argument("--kv-tokens", type=int, default=4096, help="--engine sglang: --max-total-tokens")
+    real.add_argument("--ignore-eos", action="store_true", help="real engine: fix lengths with ignore_eos")
+    real.add_argument("--model", default=None, help="real engine: model id (default: the server's first)")
+    real.add_argument("--timeout", type=float, default=900.0, help="real engine: per-policy run limit (s)")
+    real.add_argument("--words-per-token", type=float, default=None, help="real engine: prompt words per token")
+    real.add_argument("--sim", action="store_true", help="real engine: also simulate the same trace per policy")
+
+
+def _real_engine(args: argparse.Namespace) -> int:
+    from ..realbench.runner import run_from_args
+
+    real = argparse.Namespace(**vars(args))
+    real.engine = None if args.engine == "sim" else args.engine
+    real.policies = ",".join(args.policies)
+    real.workload = args.workload or "chain3"
+    real.tasks = args.tasks or 8
+    real.rate = args.rate[0] if args.rate else 0.5
+    real.profile = None if args.profile == DEFAULT_PROFILE else args.profile
+    return run_from_args(real)
 
 
 def _decision_cost(args: argparse.Namespace) -> int:
@@ -86,11 +164,31 @@ def _decision_cost(args: argparse.Namespace) -> int:
     except (ModuleNotFoundError, AttributeError):
         raise ConfigError(f"--decision-cost needs {MICROBENCH}:run_decision_benchmark, "
                           "which is not available in this install") from None
-    result = bench(list(args.policies), n_agents=50, n_waiting=1000, seed=args.seed)
+    load_profile(args.profile)  # a bad --profile fails here with its one-line message
+    result = bench(list(args.policies), n_agents=50, n_waiting=1000, seed=args.seed, profile=args.profile)
     print(json.dumps(result, indent=2))
     if args.json:
         write_json(args.json, result)
     return 0
+
+
+def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill in what later steps (and `suite.run_suite_cli`) read: `policy_options` (merged
+    --policy-config and --policy-opt: {policy: {key: value}}), `host_tier` (a `HostTier`, or
+    None for the profile's setting), `seeds` (tuple of ints or None), `tasks`, `extra_rates`
+    (the protocol's stated rates for the workload)."""
+    options = load_policy_config(args.policy_config, args.policies) if args.policy_config else {}
+    args.policy_options = merge_options(options, parse_policy_opts(args.policy_opt, args.policies))
+    if args.no_host_tier:
+        args.host_tier = HostTier("none")
+    args.extra_rates = ()
+    if args.protocol:
+        proto = PROTOCOLS[args.protocol]
+        args.seeds = args.seeds or proto.seeds
+        args.tasks = args.tasks or proto.tasks
+        if not (args.rate or args.load) and args.workload:
+            args.extra_rates = proto.rates_for(Path(args.workload).stem)
+    return args
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -99,12 +197,11 @@ def _config(args: argparse.Namespace) -> Any:
     from ..workflow import load_workflow
 
     if not args.workload and not args.trace:
-        raise ConfigError("give --workload NAME|PATH.yaml or --trace FILE.jsonl")
-    options = load_policy_config(args.policy_config, args.policies) if args.policy_config else {}
-    options = merge_options(options, parse_policy_opts(args.policy_opt, args.policies))
+        raise ConfigError("give --workload NAME|PATH.yaml, --trace FILE.jsonl or --suite NAME")
     common = dict(policies=args.policies, profile=load_profile(args.profile), rates=args.rate or (),
-                  loads=args.load or (), seed=args.seed, kv_budget=args.kv_budget,
-                  host_tier=False if args.no_host_tier else None, policy_options=options, check=args.check)
+                  loads=args.load or (), extra_rates=args.extra_rates, seed=args.seed, kv_budget=args.kv_budget,
+                  host_tier=args.host_tier, policy_options=args.policy_options, check=args.check,
+                  task_jcts=args.task_jcts)
     if args.trace:
         recorded = load_trace(args.trace)
         return BenchConfig(recorded=recorded, workload=Path(args.trace).name,
@@ -112,16 +209,41 @@ def _config(args: argparse.Namespace) -> Any:
     return BenchConfig(workflow=load_workflow(args.workload), tasks=args.tasks or 100, **common)
 
 
+def _suite(args: argparse.Namespace) -> int:
+    try:
+        from ..suite import run_suite_cli
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").startswith("topas_agents.suite"):
+            raise ConfigError("--suite needs topas_agents.suite, which is not available in this install") from None
+        raise
+    except ImportError:
+        raise ConfigError("--suite needs topas_agents.suite.run_suite_cli, which is not available") from None
+    return int(run_suite_cli(args) or 0)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.decision_cost:
         return _decision_cost(args)
-    from ..bench.report import format_table, plot_result
-    from ..bench.runner import capacity_for, run_bench
+    if args.server or args.engine != "sim":
+        return _real_engine(args)
+    resolve_args(args)
+    if args.suite:
+        return _suite(args)
+    if args.replicas:  # the simulated cluster (docs/cluster.md)
+        from ..cluster.cli import run_cluster_from_args
+
+        return run_cluster_from_args(args)
+    from ..bench.report import format_seeds_table, format_table, plot_result
+    from ..bench.runner import capacity_for, run_bench, run_seeds
 
     config = _config(args)
     show = not args.no_progress and sys.stderr.isatty()
-    result = run_bench(config, progress=show)
-    print(format_table(result, capacity_for(config)))
+    if args.seeds:
+        result = run_seeds(config, args.seeds, jobs=args.jobs, progress=show)
+        print(format_seeds_table(result))
+    else:
+        result = run_bench(config, progress=show, jobs=args.jobs)
+        print(format_table(result, capacity_for(config)))
     if args.json:
         write_json(args.json, result)
     if args.plot:

@@ -1,7 +1,10 @@
 """`topas docs`: regenerate the results page (docs/results.md, docs/results/*.json|png).
 
-Runs the bench on every built-in paper workload at its default loads with every baseline,
-Topas and its ablations (those importable), then writes one markdown table per workload.
+Runs the `paper` protocol (bench/protocol.py: seeds 0-4, 200 tasks, each workload's default
+loads plus the rates the paper states) on every built-in workload under both host-tier setups
+(`all`: symmetric; `paper`: only Topas variants have the CPU tier), plus the Fig. 5 ablation,
+and writes the paper rule over seeds with 95% CIs. All runs share one process pool
+(`--jobs`); results do not depend on the number of workers.
 """
 
 from __future__ import annotations
@@ -13,49 +16,55 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..bench.hosttier import ALL, PAPER
+from ..bench.protocol import ABLATION_POLICIES, ABLATION_RATE, ABLATION_WORKLOAD, PROTOCOLS, ablation_command
 from ..costmodel import DEFAULT_PROFILE, load_profile
 from ..errors import ConfigError
-from ..policies import BASELINES
+from ..policies import BASELINES, PEERS
 from .args import positive_int
 
 WORKLOADS = ("chain3", "dag4", "dag10wide", "metagpt-sop", "metagpt-tl")
-TOPAS = ("topas", "topas-base", "topas-noreuse", "topas-noaging")
-DEFAULT_TASKS = 100
+PROTOCOL = PROTOCOLS["paper"]
+DEFAULT_POLICIES = (*BASELINES, *PEERS, "topas", "topas-paper")
+SETUPS = {"all": ALL, "paper": PAPER}
 QUICK_TASKS = 20
+QUICK_SEEDS = (0, 1)
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("docs", help="regenerate the results page (docs/results.md)",
-                              description="Bench every built-in workload at its default loads with all "
-                              "policies and write docs/results.md, docs/results/*.json and *.png.")
+                              description="Bench every built-in workload (paper protocol) under both host-tier "
+                              "setups and write docs/results.md, docs/results/*.json and *.png.")
     p.add_argument("--out", default="docs/results.md", help="markdown page to write (default docs/results.md); "
                    "JSON and plots go to a results/ folder next to it")
-    p.add_argument("--tasks", type=positive_int, help=f"tasks per run (default {DEFAULT_TASKS}; --quick: {QUICK_TASKS})")
-    p.add_argument("--quick", action="store_true", help=f"a fast smoke run ({QUICK_TASKS} tasks per run)")
+    p.add_argument("--tasks", type=positive_int, help=f"tasks per run (default {PROTOCOL.tasks}; --quick: {QUICK_TASKS})")
+    p.add_argument("--seeds", help="comma-separated seeds (default "
+                   f"{','.join(map(str, PROTOCOL.seeds))}; --quick: {','.join(map(str, QUICK_SEEDS))})")
+    p.add_argument("--quick", action="store_true", help="a fast smoke run (fewer tasks and seeds)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated workflows (default: all five)")
-    p.add_argument("--policies", help="comma-separated policies (default: baselines, topas and its ablations)")
+    p.add_argument("--policies", help=f"comma-separated policies (default {','.join(DEFAULT_POLICIES)})")
+    p.add_argument("--setups", default="all,paper", help="host-tier setups to report: all, paper or both (default)")
+    p.add_argument("--no-ablation", action="store_true", help="skip the Fig. 5 ablation run")
+    p.add_argument("--task-jcts", action="store_true", help="keep every task's JCT in the JSON (for CDFs; ~2 MB)")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"cost profile (default {DEFAULT_PROFILE})")
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--jobs", type=positive_int, default=1, help="parallel simulator processes (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
 
-def _policies(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(policies to run, default policies skipped because they are not importable)."""
-    from ..bench.options import parse_policy_list
+def _available(names: tuple[str, ...], explicit: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(policies to run, policies skipped because they do not build). Explicit requests must
+    build (a one-line error otherwise); defaults that do not are skipped with a note."""
     from ..bench.runner import build_policy
 
-    if args.policies:
-        names = parse_policy_list(args.policies)
-        for name in names:
-            build_policy(name)  # explicit requests must work
-        return names, ()
     ok, missing = [], []
-    for name in (*BASELINES, *TOPAS):
+    for name in names:
         try:
             build_policy(name)
             ok.append(name)
         except ConfigError:
+            if explicit:
+                raise
             missing.append(name)
     return tuple(ok), tuple(missing)
 
@@ -71,31 +80,63 @@ def _prepare_out(out: Path) -> Path:
     return results
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..bench.report import plot_result
-    from ..bench.results_page import render_page
-    from ..bench.runner import BenchConfig, capacity_for, run_bench
+def _plan(args: argparse.Namespace) -> dict[str, Any]:
+    from ..bench.options import parse_policy_list, parse_seed_list
     from ..workflow import load_workflow
 
-    workflows = [load_workflow(w.strip()) for w in args.workloads.split(",")]
-    policies, missing = _policies(args)
-    profile = load_profile(args.profile)
-    tasks = args.tasks or (QUICK_TASKS if args.quick else DEFAULT_TASKS)
-    out = Path(args.out)
+    names = parse_policy_list(args.policies) if args.policies else DEFAULT_POLICIES
+    policies, missing = _available(names, explicit=bool(args.policies))
+    setups = [s.strip() for s in args.setups.split(",")]
+    for s in setups:
+        if s not in SETUPS:
+            raise ConfigError(f"--setups: expected all and/or paper, got {s!r}")
+    seeds = parse_seed_list(args.seeds) if args.seeds else (QUICK_SEEDS if args.quick else PROTOCOL.seeds)
+    ablation = () if args.no_ablation else _available(ABLATION_POLICIES, explicit=False)[0]
+    return {"workflows": [load_workflow(w.strip()) for w in args.workloads.split(",")], "policies": policies,
+            "missing": missing, "setups": setups, "seeds": seeds, "ablation": ablation,
+            "tasks": args.tasks or (QUICK_TASKS if args.quick else PROTOCOL.tasks)}
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from ..bench.report import plot_result
+    from ..bench.results_page import Entry, render_page
+    from ..bench.runner import BenchConfig, run_many, seeds_document
+
+    plan = _plan(args)
+    profile, seeds, out = load_profile(args.profile), plan["seeds"], Path(args.out)
     results_dir = _prepare_out(out)
-    if missing:
-        print(f"note: skipping unavailable policies: {', '.join(missing)}", file=sys.stderr)
-    show = not args.no_progress and sys.stderr.isatty()
-    entries = []
-    for wf in workflows:
-        config = BenchConfig(policies=policies, profile=profile, workflow=wf, tasks=tasks, seed=args.seed)
-        print(f"bench {wf.name}: loads {list(wf.loads)}, {len(policies)} policies, {tasks} tasks", file=sys.stderr)
-        result = run_bench(config, progress=show)
-        stem = wf.name
-        _write(results_dir / f"{stem}.json", json.dumps(result, indent=2, allow_nan=False) + "\n")
-        plot_result(result, results_dir / f"{stem}.png")
-        entries.append((result, wf.description, capacity_for(config), stem))
-    page = render_page(entries, command=_command(args), policies=policies, missing=missing)
+    if plan["missing"]:
+        print(f"note: skipping unavailable policies: {', '.join(plan['missing'])}", file=sys.stderr)
+    groups: list[tuple[str, str, BenchConfig]] = []  # (setup, stem, config at seed 0)
+    for label in plan["setups"]:
+        for wf in plan["workflows"]:
+            groups.append((label, f"{wf.name}-{label}", BenchConfig(
+                policies=plan["policies"], profile=profile, workflow=wf, tasks=plan["tasks"],
+                extra_rates=PROTOCOL.rates_for(wf.name), host_tier=SETUPS[label])))
+    if len(plan["ablation"]) > 1:
+        from ..workflow import load_workflow
+        groups.append(("ablation", f"ablation-{ABLATION_WORKLOAD}", BenchConfig(
+            policies=plan["ablation"], profile=profile, workflow=load_workflow(ABLATION_WORKLOAD),
+            tasks=plan["tasks"], rates=(ABLATION_RATE,), host_tier=PAPER)))
+    configs = [replace(c, seed=s, task_jcts=args.task_jcts) for _, _, c in groups for s in seeds]
+    print(f"docs: {len(groups)} benches x {len(seeds)} seeds, {plan['tasks']} tasks per run, "
+          f"{args.jobs} job(s)", file=sys.stderr)
+    docs = run_many(configs, jobs=args.jobs, progress=not args.no_progress and sys.stderr.isatty())
+    setups: dict[str, list[Entry]] = {}
+    ablation = None
+    for g, (label, stem, config) in enumerate(groups):
+        doc = seeds_document(config, docs[g * len(seeds):(g + 1) * len(seeds)])
+        _write(results_dir / f"{stem}.json", json.dumps(doc, indent=1, allow_nan=False) + "\n")
+        plot_result(doc, results_dir / f"{stem}.png")
+        if label == "ablation":
+            ablation = (doc, ablation_command(seeds, plan["tasks"]), stem)
+        else:
+            assert config.workflow is not None
+            setups.setdefault(label, []).append(Entry(doc, config.workflow.description, stem))
+    page = render_page(setups, command=_command(args), policies=plan["policies"], missing=plan["missing"],
+                       ablation=ablation)
     _write(out, page)
     print(f"wrote {out} and {results_dir}/*.json, *.png")
     return 0
@@ -115,14 +156,11 @@ def _command(args: argparse.Namespace) -> str:
         parts += ["--out", args.out]
     if args.quick:
         parts.append("--quick")
-    if args.tasks:
-        parts += ["--tasks", str(args.tasks)]
-    if args.workloads != ",".join(WORKLOADS):
-        parts += ["--workloads", args.workloads]
-    if args.policies:
-        parts += ["--policies", args.policies]
-    if args.profile != DEFAULT_PROFILE:
-        parts += ["--profile", args.profile]
-    if args.seed:
-        parts += ["--seed", str(args.seed)]
+    for flag, value, default in (("--tasks", args.tasks, None), ("--seeds", args.seeds, None),
+                                 ("--workloads", args.workloads, ",".join(WORKLOADS)),
+                                 ("--policies", args.policies, None), ("--setups", args.setups, "all,paper"),
+                                 ("--profile", args.profile, DEFAULT_PROFILE)):
+        if value is not None and value != default:
+            parts += [flag, str(value)]
+    parts += [flag for flag, on in (("--no-ablation", args.no_ablation), ("--task-jcts", args.task_jcts)) if on]
     return " ".join(shlex.quote(p) for p in parts)

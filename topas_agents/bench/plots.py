@@ -1,0 +1,97 @@
+"""Plots of bench documents (single seed or `run_seeds`): mean and p99 JCT vs offered load,
+one line per policy with its 95% t band over seeds. Matplotlib (Agg) is imported only here."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .aggregate import mean_ci
+
+# Policies can coincide exactly (e.g. two baselines that make the same decisions on a
+# chain); hollow markers of decreasing size and distinct dash patterns keep each visible.
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h")
+_DASHES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
+
+
+def _runs(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(result["per_seed"]) if "per_seed" in result else [result]
+
+
+def _x(pt: Mapping[str, Any], capacity: float | None) -> float:
+    """Offered load: as given, else rate / capacity (a stated rate), else the rate itself."""
+    if pt["load"] is not None:
+        return float(pt["load"])
+    if pt["rate"] is None:
+        return math.nan
+    return pt["rate"] / capacity if capacity else float(pt["rate"])
+
+
+def _series(runs: Sequence[Mapping[str, Any]], get: Any) -> tuple[list[float], list[float], list[float]]:
+    """Mean over seeds at each point and its CI (equal to the mean where n < 2 or missing)."""
+    mid, low, high = [], [], []
+    for j in range(len(runs[0]["points"])):
+        vals = [get(run["points"][j]) for run in runs]
+        if any(v is None for v in vals):
+            for series in (mid, low, high):
+                series.append(math.nan)
+            continue
+        iv = mean_ci(vals)
+        mid.append(iv.mean)
+        low.append(iv.mean if iv.low is None else iv.low)
+        high.append(iv.mean if iv.high is None else iv.high)
+    return mid, low, high
+
+
+def _title(result: Mapping[str, Any], runs: Sequence[Mapping[str, Any]]) -> str:
+    seeds = [run["seed"] for run in runs]
+    setup = result.get("host_tier", {}).get("setup", "profile default")
+    return (f"{result['workload']} on {result['profile']}: {result['tasks']} tasks/run, "
+            f"seeds {','.join(map(str, seeds))} (band: 95% t CI over seeds), host tier: {setup}")
+
+
+def plot_result(result: Mapping[str, Any], path: str | Path) -> Path:
+    """Two panels (mean JCT with the lower bound, p99 JCT) vs offered load; returns the path."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # Agg only; no pyplot state
+    from matplotlib.figure import Figure
+
+    runs = _runs(result)
+    cap = result.get("capacity_rps")
+    xs = [_x(pt, cap) for pt in runs[0]["points"]]
+    order = sorted(range(len(xs)), key=lambda j: xs[j])
+    xs = [xs[j] for j in order]
+    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
+    policies = list(runs[0]["points"][0]["results"]) if runs[0]["points"] else []
+    tiers = result.get("host_tier", {}).get("policies", {})
+    for i, name in enumerate(policies):
+        label = name + (" (no host tier)" if tiers.get(name) is False else "")
+        color = "black" if name == "topas" else f"C{i % 10}"  # the policy under study stands out
+        style = {"marker": _MARKERS[i % len(_MARKERS)], "linestyle": _DASHES[i % len(_DASHES)],
+                 "markerfacecolor": "none", "markersize": 9 - 0.5 * (i % 8), "color": color,
+                 "linewidth": 2.5 if name == "topas" else 1.4, "label": label}
+        for ax, key in zip(axes, ("mean_jct", "p99_jct"), strict=True):
+            mid, low, high = _series(runs, lambda pt, n=name, k=key: pt["results"][n][k])
+            ax.plot(xs, [mid[j] for j in order], **style)
+            if len(runs) > 1:
+                ax.fill_between(xs, [low[j] for j in order], [high[j] for j in order], color=color, alpha=0.12)
+    lb, _, _ = _series(runs, lambda pt: pt["lower_bound"]["mean_jct"])
+    axes[0].plot(xs, [lb[j] for j in order], "k--", linewidth=1, label="lower bound")
+    for ax, title in zip(axes, ("mean JCT", "p99 JCT"), strict=True):
+        ax.set_xlabel("offered load (fraction of ideal capacity)")
+        ax.set_ylabel(f"{title} (s)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(_title(result, runs), fontsize=9)
+    out = Path(path)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--plot {path}: cannot write: {exc}") from None
+    return out
