@@ -1,16 +1,16 @@
-"""`topas serve --engine sglang` end to end up to where a CPU can go: the launcher starts the
-real `sglang.launch_server`, whose main, scheduler and detokenizer processes each discover
-the plugin entry point and register it from the environment. (The scheduler then fails to
-load a model on CPU -- no vllm / CUDA kernels -- so serving itself needs the GPU smoke.)"""
+"""Real SGLang serving with the Topas plugin: `topas serve --engine sglang --policy topas`.
+
+One server per module (module-scoped fixture; a start takes ~30-80 s on 2 shared cores).
+On a machine without CUDA it serves on CPU (`--device cpu`, SGLANG_USE_CPU_ENGINE=1, the
+test-only `sgl_kernel` stand-in from tests/sglang_cpu); with CUDA the same tests run on the
+GPU. Labelled chat calls go through the real HTTP server; what the scheduler did is read
+from the plugin's JSONL decision log.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import socket
-import subprocess
+import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -18,39 +18,88 @@ import pytest
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 pytest.importorskip("sglang")
 
-from test_sglang_plugin import serve_args  # noqa: E402
+import httpx  # noqa: E402
+from sglang_cpu import serving  # noqa: E402
 
-from topas_agents.server.sglang import launch, make_tiny_model  # noqa: E402
+from topas_agents.realbench.client import run_tasks  # noqa: E402
+from topas_agents.workflow import load_workflow  # noqa: E402
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+KV_TOKENS = 3000  # small pool: three ~160-token prefixes plus a flood request fill it
 
 
-def test_real_sglang_processes_load_the_plugin(tmp_path: Any) -> None:
-    shim = launch.write_entry_point_shim(tmp_path / "shim")
-    model = make_tiny_model.build(tmp_path / "model")
-    log = tmp_path / "decisions.jsonl"
-    args = serve_args(policy="fcfs", workflow=["chain3"], port=free_port(), decision_log=str(log))
-    config = launch.build_config(args, {})
-    cmd = launch.build_command(args, ["--", "--model-path", str(model), "--load-format", "dummy",
-                                      "--device", "cpu"])
-    path = os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH", "")) if p)
-    env = launch.build_env(config, {**os.environ, "PYTHONPATH": path})
-    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    tmp = tmp_path_factory.mktemp("sglang-topas")
+    wf = serving.write_workflow(tmp)
+    srv = serving.start_server(tmp, "topas", workflows=[str(wf)], kv_tokens=KV_TOKENS)
+    print(f"\nSGLang (topas) healthy after {srv.started_s:.1f} s")
+    srv.workflow = load_workflow(wf)
+    srv.tokens = serving.Tokens(srv.model_dir)
     try:
-        output, _ = proc.communicate(timeout=240)  # on CPU the scheduler dies at model load
-    except subprocess.TimeoutExpired:  # a machine that can serve: stop it
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
+        yield srv
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    loaded = [json.loads(line) for line in log.read_text().splitlines()]
+        srv.stop()
+
+
+def test_every_sglang_process_loads_the_plugin(server: Any) -> None:
+    loaded = server.records("loaded")
+    assert {r["policy"] for r in loaded} == {"topas"} and {r["hooks"] for r in loaded} == {10}
     processes = {r["process"] for r in loaded}
-    assert all(r["event"] == "loaded" and r["policy"] == "fcfs" and r["hooks"] == 9 for r in loaded)
-    assert "MainProcess" in processes and len(processes) >= 2, output[-3000:]  # HTTP + scheduler (+ detok.)
-    assert "Failed to apply hooks" not in output and "topas plugin:" not in output, output[-3000:]
+    assert "MainProcess" in processes and len(processes) >= 3, processes  # HTTP, scheduler, detokenizer
+    text = server.text()
+    assert "Failed to apply hooks" not in text and "topas plugin:" not in text
+
+
+def test_concurrent_labelled_tasks_complete_through_the_policy(server: Any) -> None:
+    plans = serving.plans(server.workflow, server.tokens, n_tasks=3, output_tokens=16, prefix="basic")
+    results = asyncio.run(run_tasks(server.base_url, "model", server.workflow, plans, timeout_s=300))
+    assert len(results) == 3
+    for task in results:
+        assert [c.stage for c in task.calls] == ["s1", "s2", "s3"]
+        assert all(c.completion_tokens == c.expected_tokens == 16 for c in task.calls), task
+    time.sleep(1.0)  # let the scheduler notice the last finish
+    records = server.records()
+    ran, _ = serving.check_decisions(records)
+    assert ran >= 9
+    ends = {(r["task"], r["stage"]): r for r in records if r["event"] == "end" and r["task"].startswith("basic")}
+    assert len(ends) == 9 and all(r["ok"] and r["output_tokens"] == 16 for r in ends.values()), ends
+    assert not server.records("error")
+
+
+def test_pinned_prefixes_stay_in_the_radix_tree_and_evicted_ones_go(server: Any) -> None:
+    plans = serving.plans(server.workflow, server.tokens, n_tasks=1, output_tokens=4, prefix="pin")
+    asyncio.run(run_tasks(server.base_url, "model", server.workflow, plans, timeout_s=300))
+    time.sleep(1.0)
+    prefix = serving.prefix_len(server.tokens, "a")
+    pinned, evicted, last = serving.pins_after_flood(server, server.tokens, KV_TOKENS, prefix)
+    assert evicted, "the flood call did not make the policy evict a prefix"
+    assert last["kv"]["pinned"] >= len(pinned) * (prefix - 8), last["kv"]
+    for agent in sorted(pinned):  # topas may keep none: it chooses what to evict
+        assert serving.probe_cached(server, agent) >= serving.prefix_len(server.tokens, agent) - 1, agent  # the pin held it on device
+    for agent in sorted(evicted):
+        assert serving.probe_cached(server, agent) < serving.prefix_len(server.tokens, agent) - 1, agent  # prefix_out, then evicted
+
+
+def test_client_disconnect_frees_its_kv(server: Any) -> None:
+    body = {"model": "model", "max_tokens": 1500, "ignore_eos": True, "stream": True,
+            "messages": [{"role": "user", "content": "long answer please"}],
+            "topas": {"task_id": "gone", "stage": "s1", "agent": "a", "workflow": "tiny3"}}
+    with httpx.Client(timeout=120) as client, client.stream("POST", f"{server.base_url}/chat/completions",
+                                                            json=body) as resp:
+        assert resp.status_code == 200
+        for n, _ in enumerate(resp.iter_lines(), 1):
+            if n >= 5:
+                break  # leaving the block closes the connection mid-generation
+    deadline = time.monotonic() + 60
+    end = None
+    while end is None and time.monotonic() < deadline:
+        # the scheduler reports an ended request at its next step: give it one
+        httpx.post(f"{server.base_url}/chat/completions", timeout=60,
+                   json={"model": "model", "max_tokens": 1, "messages": [{"role": "user", "content": "tick"}]})
+        end = next((r for r in server.records("end") if r["task"] == "gone"), None)
+    assert end is not None, "the disconnected request never ended"
+    assert not end["ok"] and end["reason"] == "FINISH_ABORT" and end["output_tokens"] < 1500, end
+    kv = end["kv"]
+    # Nothing is held by requests any more: free + evictable cache + locked pins = the pool
+    # (pinned prefixes share their first tokens in the tree, so locked <= pinned).
+    assert kv["protected"] <= kv["pinned"] and kv["available"] + kv["evictable"] + kv["protected"] == kv["pool"], kv

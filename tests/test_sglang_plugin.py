@@ -46,6 +46,7 @@ TARGETS = {
     "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill": "AROUND",
     "sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority": "AFTER",
     "sglang.srt.managers.schedule_batch.ScheduleBatch._get_decode_retraction_order": "AFTER",
+    "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req": "AFTER",
 }
 
 

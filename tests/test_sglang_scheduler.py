@@ -5,6 +5,7 @@ the real policies end to end."""
 from __future__ import annotations
 
 import json
+import types
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ pytest.importorskip("sglang")
 
 from test_sglang_fixtures import (  # noqa: E402
     NOOP,
+    AddReqResult,
     Decision,
     ScheduleBatch,
     ScriptedPolicy,
@@ -303,3 +305,26 @@ def test_host_tier_branches_call_load_back() -> None:
     assert adapter.residency.location("a") == "gpu" and tree.protected_size() == 32
     adapter.residency.prefix_out("a")
     assert tree.protected_size() == 0
+
+
+def test_deferred_reasons_name_why_sglang_left_admitted_requests_waiting() -> None:
+    from topas_agents.server.sglang.apply import deferred_reasons
+
+    a, b, c = (make_req(rid, [1, 2, 3]) for rid in "abc")
+    full, free = types.SimpleNamespace(batch_is_full=True), types.SimpleNamespace(batch_is_full=False)
+    assert deferred_reasons([a, b], [a, b], [AddReqResult.CONTINUE] * 2, free) == {}
+    assert deferred_reasons([a, b, c], [a], [AddReqResult.CONTINUE, AddReqResult.NO_TOKEN], full) == {
+        "b": "kv_full", "c": "head_of_line"}
+    assert deferred_reasons([a, b], [a], [AddReqResult.CONTINUE, AddReqResult.OTHER], free) == {"b": "prefill_budget"}
+    assert deferred_reasons([a], [], [], full) == {"a": "batch_full"}
+    assert deferred_reasons([a], [], [], free) == {"a": "not_attempted"}
+
+
+def test_kv_budget_above_the_pool_overcommits() -> None:
+    world = World(size=512)
+    adapter = make_adapter(ScriptedPolicy(NOOP), kv_budget=5000)
+    adapter.bind(world.sched)
+    assert adapter.kv_budget == 5000 and make_adapter(ScriptedPolicy(NOOP), kv_budget=100).kv_budget == 100
+    plain = make_adapter(ScriptedPolicy(NOOP))
+    plain.bind(world.sched)
+    assert plain.kv_budget == 512

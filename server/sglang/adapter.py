@@ -82,6 +82,8 @@ class Adapter:
         self._kept: dict[str, int] = {}  # running rid -> admission sequence (retraction order)
         self._seq = itertools.count()
         self._record: dict[str, Any] | None = None
+        self._retractions: dict[str, int] = {}  # rid -> retraction_count already accounted for
+        self._adds: list[Any] = []  # PrefillAdder.add_one_req results in the current prefill step
 
     def now(self) -> float:
         return self._clock() - self._t0
@@ -144,8 +146,11 @@ class Adapter:
 
     @property
     def kv_budget(self) -> int:
-        cap = self.config.kv_budget
-        return self._kv_pool if cap is None else min(self._kv_pool, cap)
+        """The pool size, or the configured budget. A budget above the pool makes the policy
+        over-commit (as SGLang's own optimistic `new_token_ratio` admission does); SGLang's
+        decode retraction absorbs the excess, in policy-ranked order."""
+        budget = self.config.kv_budget
+        return self._kv_pool if budget is None else budget
 
     def on_prefill(self, orig: Callable[..., Any], sched: Any, running_batch: Any) -> Any:
         """AROUND `Scheduler.get_new_batch_prefill(running_batch)`."""
@@ -165,12 +170,20 @@ class Adapter:
         by_rid = {r.rid: r for r in sched.waiting_queue}
         admitted = [by_rid[rid] for rid in self._admit if rid in by_rid]
         self._rank = {r.rid: i for i, r in enumerate(admitted)}
+        self._adds = []
         try:
             plan, ran = apply.run_restricted(sched, admitted, lambda: orig(sched, running_batch))
         finally:
             self._rank = None
-        self._admitted(ran, now)
+        deferred = apply.deferred_reasons(admitted, ran, self._adds, running_batch)
+        self._adds = []
+        self._admitted(ran, deferred, now)
         return plan
+
+    def note_add_result(self, result: Any) -> None:
+        """AFTER `PrefillAdder.add_one_req`: remember why SGLang's prefill step stopped."""
+        if self._rank is not None:
+            self._adds.append(result)
 
     def order_waiting(self, queue: list[Any]) -> None:
         """AFTER `SchedulePolicy.calc_priority`: restore the decision's order."""
@@ -187,17 +200,49 @@ class Adapter:
         for req in itertools.chain(waiting, running):
             if req.rid not in self.reqs:  # arrived before install or around the hook
                 self.on_new_request(req)
+        self._note_retractions(itertools.chain(waiting, running))
         ended = self.book.observe({r.rid for r in waiting}, {r.rid for r in running}, now)
         for rid in ended:
             req = self.reqs.pop(rid)
-            reason = getattr(req, "finished_reason", None)
-            self.book.end(rid, reason is not None and type(reason).__name__ != "FINISH_ABORT", now)
+            reason = type(getattr(req, "finished_reason", None)).__name__
+            ok = reason not in ("NoneType", "FINISH_ABORT")
+            meta = self.book.meta.get(rid)
+            self.book.end(rid, ok, now)
             self.views.forget(rid)
             self._kept.pop(rid, None)
+            self._retractions.pop(rid, None)
+            self.stats["ended_ok" if ok else "ended_failed"] += 1
+            self.log_event("end", rid=rid, task=meta.task_id if meta else None, stage=meta.stage if meta else None,
+                           ok=ok, reason=reason, output_tokens=len(req.output_ids),
+                           retractions=req.retraction_count, kv=self.kv_state())
         for req in running:
             self.residency.touch(self.book.meta[req.rid].agent, now)
         self.book.expire(now)
         self.residency.sync()
+
+    def _note_retractions(self, reqs: Any) -> None:
+        """Count retractions SGLang made on its own (decode OOM): the policy's are pre-booked."""
+        for req in reqs:
+            count = req.retraction_count
+            seen = self._retractions.get(req.rid, 0)
+            if count > seen:
+                self._retractions[req.rid] = count
+                self.stats["sglang_retracted"] += count - seen
+                self.log_event("retracted", rid=req.rid, by="sglang", retractions=count)
+
+    def residency_after(self) -> dict[str, str]:
+        """agent -> location after the decision's prefix moves (agents with no copy left out)."""
+        where = {agent: self.residency.location(agent) for agent in self.residency.agents}
+        return {agent: loc for agent, loc in where.items() if loc != "none"}
+
+    def kv_state(self) -> dict[str, int]:
+        """The scheduler's KV pool right now (tokens): free, evictable cache, locked, pinned."""
+        if self._sched is None:
+            return {}
+        tree = self._sched.tree_cache
+        return {"pool": self._kv_pool, "available": int(self._sched.token_to_kv_pool_allocator.available_size()),
+                "evictable": int(tree.evictable_size()), "protected": int(tree.protected_size()),
+                "pinned": self.residency.pinned_tokens()}
 
     def _snapshot(self, waiting: list[Any], running: list[Any], now: float) -> Snapshot:
         return build_snapshot(now=now, kv_budget=self.kv_budget, waiting=waiting, running=running,
@@ -231,7 +276,9 @@ class Adapter:
             self.stats["preempted"] += len(retracted)
             for req in retracted:
                 self._kept.pop(req.rid, None)
+                self._retractions[req.rid] = req.retraction_count  # ours, not SGLang's
                 self.book.mark(req.rid, "waiting", snap.now)
+                self.log_event("retracted", rid=req.rid, by="policy", retractions=req.retraction_count)
         for agent in decision.prefix_out:
             self.residency.prefix_out(agent)
         loads = {agent: self.residency.prefix_in(agent) for agent in decision.prefix_in}
@@ -247,9 +294,11 @@ class Adapter:
             "admit": [_describe(views[rid]) for rid in decision.admit],
             "preempt": [_describe(views[rid]) for rid in decision.preempt], "preempt_skipped": skipped,
             "prefix_in": loads, "prefix_out": list(decision.prefix_out),
+            "resident": self.residency_after(),
+            "kv": self.kv_state(),
         }
 
-    def _admitted(self, ran: list[Any], now: float) -> None:
+    def _admitted(self, ran: list[Any], deferred: dict[str, str], now: float) -> None:
         for req in ran:
             meta = self.book.meta.get(req.rid)
             if meta is not None:
@@ -258,7 +307,9 @@ class Adapter:
             self._kept[req.rid] = next(self._seq)
         self.stats["admitted"] += len(ran)
         if self._record is not None and self._log is not None:
+            self.stats["deferred"] += len(deferred)
             self._record["sglang_admitted"] = [r.rid for r in ran]
+            self._record["deferred"] = deferred
             self._log.write(self._record)
         self._record = None
 

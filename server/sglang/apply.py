@@ -80,3 +80,31 @@ def preempt(sched: Any, running_batch: Any, rids: Iterable[str]) -> tuple[list[A
     for req in retracted:
         sched._add_request_to_queue(req, is_retracted=True)
     return retracted, sorted(wanted - {r.rid for r in retracted})
+
+
+# Why SGLang's prefill step left an admitted request waiting (logged per decision).
+DEFER_REASONS = {
+    "NO_TOKEN": "kv_full",  # PrefillAdder: not enough free + evictable KV for this request
+    "OTHER": "prefill_budget",  # PrefillAdder: this pass's prefill-token / chunk / batch budget is spent
+}
+
+
+def deferred_reasons(admitted: Sequence[Any], ran: Sequence[Any], adds: Sequence[Any],
+                     running_batch: Any) -> dict[str, str]:
+    """rid -> reason for each admitted request SGLang's prefill step did not run.
+
+    The first one left behind gets the reason the step stopped: the last non-CONTINUE
+    `AddReqResult` of `PrefillAdder.add_one_req` (`adds`), else `batch_full` (the running
+    batch is at its request limit) or `not_attempted` (the step returned before admission,
+    e.g. while a chunked prefill is in flight). The rest queue behind it: `head_of_line`.
+    """
+    gone = {id(r) for r in ran}
+    left = [r.rid for r in admitted if id(r) not in gone]
+    if not left:
+        return {}
+    stops = [getattr(a, "name", str(a)) for a in adds if getattr(a, "name", "") != "CONTINUE"]
+    if stops:
+        first = DEFER_REASONS.get(stops[-1], stops[-1].lower())
+    else:
+        first = "batch_full" if getattr(running_batch, "batch_is_full", False) else "not_attempted"
+    return {rid: first if i == 0 else "head_of_line" for i, rid in enumerate(left)}

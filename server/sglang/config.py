@@ -10,7 +10,8 @@ children inherit them). With `TOPAS_SGLANG_POLICY` unset or empty the plugin doe
 | TOPAS_SGLANG_POLICY_OPTIONS   | JSON object of policy options (`{"beta": "0.5"}`)        |
 | TOPAS_SGLANG_PROFILE          | cost profile name or YAML path (default: the package's)  |
 | TOPAS_SGLANG_WORKFLOWS        | workflow names / YAML paths, separated by os.pathsep     |
-| TOPAS_SGLANG_KV_BUDGET        | cap on the Snapshot KV budget in tokens (default: pool)  |
+| TOPAS_SGLANG_KV_BUDGET        | Snapshot KV budget in tokens (default: the pool; above   |
+|                               | it the policy over-commits and SGLang retracts on decode)|
 | TOPAS_SGLANG_DECISION_LOG     | JSONL file receiving every non-empty decision            |
 | TOPAS_SGLANG_REDECIDE_S       | re-run the policy at least this often while requests wait (default 0.5) |
 | TOPAS_SGLANG_TASK_IDLE_S      | conclude a task after this long without calls (default 300) |

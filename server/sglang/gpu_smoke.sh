@@ -14,9 +14,12 @@
 #    process, took decisions, admitted requests and logged no policy errors.
 # Exits non-zero on any failure; every wait is bounded.
 #
+# 6. with SERVING_TESTS=1 and the repo's tests/ present: runs the real-serving test modules
+#    (tests/test_sglang_launch.py, _policies.py, _hicache.py) on this GPU -- the same tests CI
+#    runs on CPU; their fixture serves on CUDA when it is there, with no CPU stand-in.
 # Env: PYTHON (python3), WHEEL_DIR, POLICY (topas), WORKFLOW (chain3), TASKS (2), PORT (30123),
 #      KV_TOKENS (16384, --max-total-tokens), STARTUP_TIMEOUT (420 s), RUN_TIMEOUT (180 s),
-#      SGLANG_EXTRA_ARGS (appended to SGLang's arguments).
+#      SGLANG_EXTRA_ARGS (appended to SGLang's arguments), SERVING_TESTS (0).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -148,3 +151,13 @@ if [ "$CLIENT_RC" -ne 0 ] || [ "$CHECK_RC" -ne 0 ]; then
   exit 1
 fi
 log "OK: results in $OUT (client.json, decisions.jsonl, server.log)"
+
+# ---------------------------------------------------------------- 6. real-serving tests
+if [ "${SERVING_TESTS:-0}" = "1" ] && [ -d "$ROOT/tests" ]; then
+  cleanup; SERVER_PID=
+  log "real-serving tests on the GPU (log: $OUT/serving-tests.log)"
+  (cd "$ROOT" && timeout 1800 $PY -P -m pytest -q -m sglang -p no:cacheprovider --basetemp "$OUT/pytest" \
+     tests/test_sglang_launch.py tests/test_sglang_policies.py tests/test_sglang_hicache.py) \
+     >"$OUT/serving-tests.log" 2>&1 || { log "serving tests FAILED:"; tail -n 40 "$OUT/serving-tests.log"; exit 1; }
+  tail -n 3 "$OUT/serving-tests.log"
+fi

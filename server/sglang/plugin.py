@@ -20,6 +20,7 @@ SGLang, and only through HookRegistry, only when `register()` is called.
 | scheduler.Scheduler.get_new_batch_prefill                        | AROUND  | decide + apply + admit     |
 | schedule_policy.SchedulePolicy.calc_priority                     | AFTER   | keep the decision's order  |
 | schedule_batch.ScheduleBatch._get_decode_retraction_order        | AFTER   | policy-ranked retraction   |
+| schedule_policy.PrefillAdder.add_one_req                         | AFTER   | why admission stopped (log)|
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ CREATE_REQ_TARGET = f"{_SGL}.managers.scheduler.Scheduler._create_generation_req
 PREFILL_TARGET = f"{_SGL}.managers.scheduler.Scheduler.get_new_batch_prefill"
 PRIORITY_TARGET = f"{_SGL}.managers.schedule_policy.SchedulePolicy.calc_priority"
 RETRACT_TARGET = f"{_SGL}.managers.schedule_batch.ScheduleBatch._get_decode_retraction_order"
+ADD_REQ_TARGET = f"{_SGL}.managers.schedule_policy.PrefillAdder.add_one_req"
 
 
 def install(adapter: Adapter) -> None:
@@ -97,6 +99,11 @@ def after_calc_priority(result: Any, policy: Any, waiting_queue: list, *args: An
         _ACTIVE.order_waiting(waiting_queue)
 
 
+def after_add_one_req(result: Any, adder: Any, *args: Any, **kwargs: Any) -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.note_add_result(result)
+
+
 def after_retraction_order(result: list[int], reqs: list, *args: Any, **kwargs: Any) -> list[int] | None:
     return _ACTIVE.retraction_order(result, reqs) if _ACTIVE is not None else None
 
@@ -116,6 +123,7 @@ def hook_specs() -> list[tuple[str, Any, str]]:
         (PREFILL_TARGET, around_prefill, "AROUND"),
         (PRIORITY_TARGET, after_calc_priority, "AFTER"),
         (RETRACT_TARGET, after_retraction_order, "AFTER"),
+        (ADD_REQ_TARGET, after_add_one_req, "AFTER"),
     ]
     return specs
 

@@ -4,7 +4,7 @@
 |----------------|-----------------------------------------------------------------------------|
 | waiting        | `Scheduler.waiting_queue` (unfinished `Req`s)                               |
 | running        | the running `ScheduleBatch.reqs` (unfinished) + `Scheduler.chunked_req`     |
-| kv_budget      | `Scheduler.max_total_num_tokens` (KV pool size), capped by the config      |
+| kv_budget      | `Scheduler.max_total_num_tokens` (KV pool size), or the configured budget  |
 | prefixes       | agent prefixes (residency.py): pinned = "gpu", admitted-but-not-in-tree =   |
 |                | "loading", host copy = "cpu", else "none"                                   |
 | tasks / events | `RequestBook` (label-driven task and stage progress)                        |

@@ -1,0 +1,66 @@
+"""topas_agents.realbench pieces that need no server (the real runs are in
+test_sglang_launch.py / test_sglang_policies.py, which use the same client)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from topas_agents.cli.calibrate import PREFILL_WORDS, fit_profile, prefill_sizes, slope, write_profile
+from topas_agents.costmodel import load_profile
+from topas_agents.realbench.client import TaskResult, chat_body
+from topas_agents.realbench.engine import scaled_workflow
+from topas_agents.realbench.runner import build_calls, sample_tasks, simulate_policies, summarize
+from topas_agents.workflow import load_workflow, parse_workflow
+
+
+def test_scaled_workflow_is_a_valid_workflow_with_shrunk_sizes() -> None:
+    wf = load_workflow("chain3")
+    small = parse_workflow(scaled_workflow(wf, 0.05))
+    assert small.name == wf.name and small.topo_order == wf.topo_order
+    assert [a.prefix_tokens for a in small.agents] == [205, 205, 205]  # 4096 * 0.05
+    assert small.stage("s1").output_tokens.lo == 13 and small.stage("s1").input_tokens.lo == 26
+
+
+def test_calls_follow_the_sampled_plan_with_exact_lengths() -> None:
+    wf = parse_workflow(scaled_workflow(load_workflow("chain3"), 0.05))
+    tasks = sample_tasks(wf, 3, rate=2.0, seed=1)
+    assert [t.arrival_s for t in tasks] == sorted(t.arrival_s for t in tasks)
+    calls = build_calls(tasks[0], 0.5, ignore_eos=False)
+    assert list(calls) == ["s1", "s2", "s3"]
+    c = calls["s1"][0]
+    assert c.max_tokens == 13 and c.label.task_id == tasks[0].task_id and c.label.workflow == "chain3"
+    assert len(c.system.split()) == 7 + 102  # "You are agent a of workflow chain3." + 205 tokens * 0.5
+    body = chat_body("m", c)
+    assert body["min_tokens"] == body["max_tokens"] == 13 and "ignore_eos" not in body
+    assert body["topas"]["stage"] == "s1" and body["messages"][0]["role"] == "system"
+    assert chat_body("m", build_calls(tasks[0], 0.5, ignore_eos=True)["s1"][0])["ignore_eos"] is True
+
+
+def test_simulating_the_same_trace_gives_jct_per_policy() -> None:
+    wf = parse_workflow(scaled_workflow(load_workflow("chain3"), 0.05))
+    tasks = sample_tasks(wf, 4, rate=2.0, seed=0)
+    sim = simulate_policies(tasks, ["lpm", "topas"], load_profile(), kv_tokens=1200)
+    assert set(sim) == {"lpm", "topas"} and all(0 < r["mean_jct"] <= r["p99_jct"] for r in sim.values())
+
+
+def test_summary_counts_failed_tasks_as_incomplete() -> None:
+    done = [TaskResult(f"t{i}", 0.0, float(i + 1), ()) for i in range(3)]
+    r = summarize([*done, RuntimeError("HTTP 500")], 4, {"decisions": 7, "preemptions": 1, "errors": 0})
+    assert (r.tasks, r.tasks_completed, r.decisions, r.preemptions, r.plugin_errors) == (4, 3, 7, 1, 0)
+    assert r.mean_jct == 2.0 and 2.9 < r.p99_jct <= 3.0
+    assert math.isnan(summarize([], 1, None).mean_jct) and summarize([], 1, None).decisions is None
+
+
+def test_calibration_fit_writes_a_loadable_profile(tmp_path: Path) -> None:
+    prefill = [(150, 0.017), (500, 0.022), (2000, 0.048), (4000, 0.078)]
+    decode = [(1, 0.0028), (2, 0.0029), (4, 0.0034), (8, 0.0037)]
+    assert 1.5e-5 < slope(prefill) < 1.7e-5 and slope([(1, 1.0), (1, 2.0)]) == 1e-9
+    assert prefill_sizes(None) == PREFILL_WORDS and prefill_sizes(1000) == (8, 50)
+    assert all(n * 5 <= 8192 // 2 for n in prefill_sizes(8192)) and len(prefill_sizes(8192)) >= 2
+    profile = fit_profile(load_profile(), "cpu-tiny", "m", 8192, prefill, decode)
+    out = tmp_path / "cpu-tiny.yaml"
+    write_profile(out, profile, "http://x/v1", "base", prefill, decode)
+    loaded = load_profile(out)
+    assert loaded == profile and (loaded.tm_s, loaded.kv_budget_tokens, loaded.overhead_s) == (0.0028, 8192, 0.0)
+    assert "# decode step (batch, s): (1, 0.00280)" in out.read_text()

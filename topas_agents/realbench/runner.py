@@ -1,0 +1,216 @@
+"""Real-engine benchmark: replay a workload's arrivals as labelled calls, measure task JCT.
+
+    run_from_args(args) -> int     (wired by the CLI: `topas bench --server URL` /
+                                    `--engine sglang --model-path DIR`)
+
+Tasks are sampled from a workflow (`sample_task`: rounds, input and output sizes) with
+Poisson arrivals at `--rate` tasks/s; `--scale` shrinks prefixes, inputs and outputs together
+so the residency trade-off survives on a tiny model and a small KV pool (`--kv-tokens`,
+shrink it by the same factor). Each call sends exact output lengths (`max_tokens` plus
+`min_tokens`, or `ignore_eos` with `--ignore-eos`). JCT is measured at the client, from a
+task's arrival to its last answer.
+
+`--server URL`: one run against that endpoint (whatever policy it schedules with).
+`--engine sglang --model-path DIR`: for each of `--policies`, a fresh SGLang server through
+the product launcher (`topas serve --engine sglang`), with `--engine-arg` passed to SGLang
+(e.g. `--engine-arg=--device --engine-arg=cpu` plus, on CPU, the environment described in
+docs/sglang.md), and the plugin's decision log counted for decisions, preemptions and errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..costmodel import Profile, load_profile
+from ..workflow import TaskPlan, Workflow, load_workflow, parse_workflow
+from .client import Call, TaskResult, agent_prompt, run_tasks, words
+from .engine import LaunchedServer, scaled_workflow, start_sglang
+
+WORDS_PER_TOKEN = 1.0  # prompt words per target token without a tokenizer (a word is >= 1 token)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyResult:
+    mean_jct: float
+    p99_jct: float
+    tasks: int
+    tasks_completed: int
+    decisions: int | None  # None: the server's decision log is not ours to read
+    preemptions: int | None
+    plugin_errors: int | None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options `run_from_args` reads (for the CLI that wires it)."""
+    p.add_argument("--server", default=None, metavar="URL", help="OpenAI base URL (…/v1) to benchmark")
+    p.add_argument("--engine", choices=("sglang",), default=None, help="start a fresh server per policy")
+    p.add_argument("--model-path", default=None, metavar="DIR", help="--engine sglang: model directory")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="ARG", help="extra SGLang argument")
+    p.add_argument("--policies", default="lpm,topas", help="comma list (with --engine)")
+    p.add_argument("--workload", default="chain3", help="workflow name or YAML path")
+    p.add_argument("--tasks", type=int, default=8)
+    p.add_argument("--rate", type=float, default=0.5, help="task arrivals per second (Poisson)")
+    p.add_argument("--scale", type=float, default=0.05, help="prefix/input/output size factor (0 < s <= 1)")
+    p.add_argument("--kv-tokens", type=int, default=4096, help="--engine sglang: --max-total-tokens")
+    p.add_argument("--ignore-eos", action="store_true", help="fix lengths with ignore_eos, not min_tokens")
+    p.add_argument("--model", default=None, help="model id (default: the server's first /v1/models entry)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=900.0, help="per-policy run limit (s)")
+    p.add_argument("--words-per-token", type=float, default=None,
+                   help="prompt words per token (default: measured with --model-path's tokenizer, else 1)")
+    p.add_argument("--sim", action="store_true", help="also simulate the same trace per policy")
+    p.add_argument("--profile", default=None, help="--sim profile (default: calibrated on the first server)")
+    p.add_argument("--json", default=None, metavar="OUT.json",
+                   help="write {'real': {policy: {...}}, 'sim': {...}, 'profile': {...}} here")
+
+
+def build_calls(task: TaskPlan, words_per_token: float, ignore_eos: bool) -> dict[str, list[Call]]:
+    """The task's calls: prompts sized from its (already scaled) plan, exact output lengths."""
+    from ..labels import Label
+
+    wf, rng = task.workflow, random.Random(task.task_id)
+    n_words = lambda tokens: max(1, round(tokens * words_per_token))  # noqa: E731
+    plan: dict[str, list[Call]] = {}
+    for name in wf.topo_order:
+        agent = wf.stage(name).agent
+        system = agent_prompt(wf.name, agent, n_words(wf.prefix_tokens(agent)))
+        label = Label(task.task_id, name, agent, wf.name, None)  # prefix size: the registered workflow
+        plan[name] = [Call(task.task_id, name, agent, i, system,
+                           f"{task.task_id}/{name}#{i}: " + words(n_words(r.input_tokens), rng), label,
+                           r.output_tokens, ignore_eos)
+                      for i, r in enumerate(task.rounds[name])]
+    return plan
+
+
+def sample_tasks(wf: Workflow, n: int, rate: float, seed: int) -> list[TaskPlan]:
+    """The simulator's own trace generator: the real run and `--sim` replay the same tasks."""
+    from ..sim.driver import make_trace
+
+    return list(make_trace(wf, n, rate, seed))
+
+
+def tokens_per_word_ratio(model_path: str | None, given: float | None) -> float:
+    if given is not None:
+        return given
+    if not model_path:
+        return WORDS_PER_TOKEN
+    from transformers import AutoTokenizer
+
+    text = words(400, random.Random(0))
+    return 400 / max(1, len(AutoTokenizer.from_pretrained(model_path)(text)["input_ids"]))
+
+
+def summarize(results: Sequence[TaskResult | BaseException], n: int, log: dict[str, int] | None) -> PolicyResult:
+    from ..bench.aggregate import percentile
+
+    jcts = [r.jct_s for r in results if isinstance(r, TaskResult)]
+    mean = sum(jcts) / len(jcts) if jcts else math.nan
+    return PolicyResult(mean, percentile(jcts, 99), n, len(jcts),
+                        *((log["decisions"], log["preemptions"], log["errors"]) if log else (None, None, None)))
+
+
+async def _model_id(base_url: str) -> str:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=30) as c:
+        return (await c.get(f"{base_url}/models")).json()["data"][0]["id"]
+
+
+def run_once(base_url: str, args: argparse.Namespace, tasks: list[TaskPlan],
+             wpt: float) -> list[TaskResult | BaseException]:
+    wf = tasks[0].workflow
+    plans = [build_calls(t, wpt, args.ignore_eos) for t in tasks]
+    model = args.model or asyncio.run(_model_id(base_url))
+    return asyncio.run(run_tasks(base_url, model, wf, plans, [t.arrival_s for t in tasks],
+                                 timeout_s=args.timeout, return_exceptions=True))
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run the benchmark; prints one line per policy, writes --json; 0 if every task completed."""
+    if (args.server is None) == (args.engine is None):
+        raise SystemExit("realbench: give exactly one of --server URL or --engine sglang --model-path DIR")
+    if not 0 < args.scale <= 1 or args.tasks < 1 or args.rate <= 0:
+        raise SystemExit("realbench: need 0 < --scale <= 1, --tasks >= 1, --rate > 0")
+    if args.engine and not args.model_path:
+        raise SystemExit("realbench: --engine sglang needs --model-path DIR")
+    wf = parse_workflow(scaled_workflow(load_workflow(args.workload), args.scale))
+    tasks = sample_tasks(wf, args.tasks, args.rate, args.seed)
+    wpt = tokens_per_word_ratio(args.model_path, args.words_per_token)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    profile: Profile | None = load_profile(args.profile) if args.profile else None
+    out: dict[str, PolicyResult] = {}
+    if args.server:
+        url = args.server.rstrip("/")
+        profile = profile or (_calibrate(url, args.kv_tokens) if args.sim else None)
+        out["server"] = summarize(run_once(url, args, tasks, wpt), args.tasks, None)
+    for policy in policies if args.engine else ():
+        server: LaunchedServer = start_sglang(policy, args.model_path, wf, args.kv_tokens, args.engine_arg, 1.0)
+        try:
+            if args.sim and profile is None:
+                profile = _calibrate(server.base_url, args.kv_tokens)
+            results = run_once(server.base_url, args, tasks, wpt)
+        finally:
+            server.stop()
+        out[policy] = summarize(results, args.tasks, server.log_counts())
+    doc: dict[str, Any] = {"real": {k: _as_dict(v) for k, v in out.items()}}
+    for name, r in out.items():
+        print(f"{name:>8}: mean JCT {r.mean_jct:.3f} s, p99 {r.p99_jct:.3f} s, "
+              f"{r.tasks_completed}/{r.tasks} tasks, decisions {r.decisions}, preemptions {r.preemptions}, "
+              f"plugin errors {r.plugin_errors}")
+    if args.sim and profile is not None:
+        doc["sim"] = simulate_policies(tasks, policies, profile, args.kv_tokens)
+        doc["profile"] = dataclasses.asdict(profile)
+        for name, r in doc["sim"].items():
+            print(f"{name:>8}: simulated mean JCT {r['mean_jct']:.3f} s, p99 {r['p99_jct']:.3f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+    return 0 if all(r.tasks_completed == r.tasks for r in out.values()) else 1
+
+
+def _calibrate(url: str, kv_tokens: int) -> Profile:
+    """Measure the server (topas calibrate) for the simulator's profile."""
+    import httpx
+
+    from ..cli.calibrate import _kv_budget, fit_profile, measure
+
+    model = httpx.get(f"{url}/models", timeout=30).json()["data"][0]["id"]
+    budget = _kv_budget(url, kv_tokens) or kv_tokens
+    prefill, decode = asyncio.run(measure(url, model, budget))
+    return fit_profile(load_profile(), "calibrated", model, budget, prefill, decode)
+
+
+def simulate_policies(tasks: list[TaskPlan], policies: Sequence[str], profile: Profile,
+                      kv_tokens: int) -> dict[str, dict[str, float]]:
+    """The same trace in the simulator, per policy, on the real pool size (no host tier)."""
+    from ..policies import make_policy
+    from ..sim.driver import simulate
+
+    out = {}
+    for policy in policies:
+        r = simulate(tasks, make_policy(policy), profile, kv_budget=kv_tokens, host_tier=False)
+        out[policy] = {"mean_jct": r.mean_jct, "p99_jct": r.p99_jct}
+    return out
+
+
+def _as_dict(r: PolicyResult) -> dict[str, Any]:
+    return {f: getattr(r, f) for f in PolicyResult.__slots__}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m topas_agents.realbench.runner ...` until the CLI wires `topas bench --server`."""
+    p = argparse.ArgumentParser(prog="realbench", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run_from_args(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
