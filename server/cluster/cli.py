@@ -1,0 +1,59 @@
+"""`topas serve --replicas N`: the options and the hand-off from `cli/serve.py`.
+
+    from ..server.cluster.cli import add_replica_options, serve_from_args   # in cli/serve.py
+    add_replica_options(p)                                                  # in add_parser
+    if args.replicas > 1: return serve_from_args(args, extra)               # first thing in run
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from .config import ROUTER_POLICIES
+
+
+def add_replica_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("many replicas (docs/cluster.md; needs the [cluster] extra: smg)")
+    g.add_argument("--replicas", type=int, default=1, metavar="N",
+                   help="run N replicas on ports PORT+1..PORT+N behind SGLang's gateway (smg), "
+                   "with the Topas front on PORT (default 1: one server, no gateway)")
+    g.add_argument("--router-policy", default="task", choices=ROUTER_POLICIES,
+                   help="--replicas: task|agent = smg manual routing keyed by the label's task id|agent "
+                   "(default task); the others are smg's own policies")
+    g.add_argument("--gpu-ids", default=None, metavar="ID,ID,...",
+                   help="--replicas with --engine sglang: one GPU id per replica (default 0..N-1)")
+    g.add_argument("--smg-arg", action="append", default=[], metavar="ARG",
+                   help="--replicas: an extra argument for `smg launch` (repeatable, e.g. --smg-arg=--log-level=info)")
+
+
+def _opt(out: list[str], flag: str, value: object) -> None:
+    if value is not None:
+        out += [flag, str(value)]
+
+
+def replica_serve_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The `topas serve` options every replica gets (the launcher adds engine, host, port)."""
+    out: list[str] = []
+    for flag, name in (("--policy", "policy"), ("--profile", "profile"), ("--kv-budget", "kv_budget"),
+                       ("--time-scale", "time_scale"), ("--responder", "responder"),
+                       ("--replay-file", "replay_file"), ("--model-name", "model_name"),
+                       ("--model-path", "model_path"), ("--decision-log", "decision_log"),
+                       ("--task-idle-timeout", "task_idle_timeout"), ("--drain-timeout", "drain_timeout"),
+                       ("--log-level", "log_level")):
+        _opt(out, flag, getattr(args, name, None))
+    for flag, name in (("--policy-opt", "policy_opt"), ("--workflow", "workflow"), ("--api-key", "api_key")):
+        for value in getattr(args, name, None) or ():
+            out += [flag, str(value)]
+    return tuple(out)
+
+
+def serve_from_args(args: argparse.Namespace, engine_args: Sequence[str] = ()) -> int:
+    """Blocking: the cluster for parsed `topas serve` arguments, until SIGINT/SIGTERM."""
+    from .launcher import serve_replicas
+
+    gpu_ids = tuple(x.strip() for x in args.gpu_ids.split(",")) if getattr(args, "gpu_ids", None) else ()
+    return serve_replicas(args.replicas, port=args.port, host=args.host, engine=args.engine,
+                          router_policy=args.router_policy, serve_args=replica_serve_args(args),
+                          engine_args=tuple(engine_args), gpu_ids=gpu_ids,
+                          extra_smg_args=tuple(args.smg_arg or ()))

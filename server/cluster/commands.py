@@ -1,0 +1,66 @@
+"""The command lines a cluster runs: one `topas serve` per replica and `smg launch`."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from importlib import metadata
+
+from topas_agents.errors import ConfigError
+
+from .config import KEYED_POLICIES, ROUTE_KEY_HEADER, ClusterConfig
+
+# The smg release the cluster is tested with (pyproject's [cluster] extra pins it).
+TESTED_SMG = "1.13.0"
+
+
+def smg_version() -> str:
+    """The installed smg version; ConfigError with the fix when it is missing."""
+    if importlib.util.find_spec("smg") is None:
+        raise ConfigError("--replicas needs SGLang's gateway `smg`; install it with "
+                          f'`pip install -e ".[cluster]"` (smg=={TESTED_SMG})')
+    try:
+        return metadata.version("smg")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def replica_argv(config: ClusterConfig, i: int) -> tuple[str, ...]:
+    """`topas serve` for replica i (1-based), through this interpreter (the same install)."""
+    argv = [sys.executable, "-m", "topas_agents.server", "--engine", config.engine,
+            "--host", config.host, "--port", str(config.replica_port(i)), *config.serve_args]
+    if config.engine_args:
+        argv += ["--", *config.engine_args]
+    return tuple(argv)
+
+
+def replica_env(config: ClusterConfig, i: int) -> dict[str, str]:
+    """--engine sglang: one GPU per replica (the given ids, else GPU i-1)."""
+    if config.engine != "sglang":
+        return {}
+    gpu = config.gpu_ids[i - 1] if config.gpu_ids else str(i - 1)
+    return {"CUDA_VISIBLE_DEVICES": gpu}
+
+
+def smg_argv(config: ClusterConfig) -> tuple[str, ...]:
+    g = config.gateway
+    keyed = config.router_policy in KEYED_POLICIES
+    argv = [sys.executable, "-m", "smg", "launch",
+            "--host", config.host, "--port", str(config.smg_port),
+            "--prometheus-host", config.host, "--prometheus-port", str(config.smg_metrics_port),
+            "--worker-urls", *config.replica_urls,
+            "--policy", "manual" if keyed else config.router_policy,
+            "--retry-max-retries", str(g.retry_max_retries),
+            "--retry-initial-backoff-ms", str(g.retry_initial_backoff_ms),
+            "--cb-failure-threshold", str(g.cb_failure_threshold),
+            "--cb-timeout-duration-secs", str(g.cb_timeout_duration_secs),
+            "--health-check-interval-secs", str(g.health_check_interval_secs),
+            "--health-failure-threshold", str(g.health_failure_threshold),
+            "--health-check-timeout-secs", str(g.health_check_timeout_secs),
+            "--shutdown-grace-period-secs", str(g.shutdown_grace_period_secs),
+            "--log-level", g.log_level]
+    if keyed:
+        argv += ["--routing-key-headers", ROUTE_KEY_HEADER, "--assignment-mode", g.assignment_mode,
+                 "--max-idle-secs", str(g.sticky_key_idle_secs)]
+    argv += list(config.extra_smg_args)
+    return tuple(argv)

@@ -1,0 +1,119 @@
+"""`ClusterConfig`: N Topas replicas behind SGLang's gateway (`smg`) and the Topas front.
+
+Port layout for `port=P`, `replicas=N` (all on `host`, loopback unless told otherwise):
+
+    P          the Topas front: the one URL clients use (OpenAI API + cluster control plane)
+    P+1..P+N   replica i (`topas serve --engine sim|sglang --port P+i`)
+    P+N+1      smg (the gateway; usable directly by clients that send body AND header labels)
+    P+N+2      smg's Prometheus exporter (smg binds 0.0.0.0:29000 unless told otherwise)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from topas_agents.errors import ConfigError
+
+EngineKind = Literal["sim", "sglang"]
+# task / agent: smg's `manual` policy keyed by the front's X-Topas-Route-Key header (the label's
+# task id or agent); the others are smg's own policies, which see no key.
+RouterPolicy = Literal["task", "agent", "cache_aware", "round_robin", "least_load", "random", "power_of_two"]
+ROUTER_POLICIES: tuple[str, ...] = RouterPolicy.__args__  # type: ignore[attr-defined]
+KEYED_POLICIES = ("task", "agent")
+AssignmentMode = Literal["min_load", "min_group", "random"]
+
+# The header the front sets from the label; smg routes on it (--routing-key-headers).
+ROUTE_KEY_HEADER = "X-Topas-Route-Key"
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """smg's failover knobs, chosen so that the first calls after a replica dies succeed
+    (measured with smg 1.13.0 and sim replicas on loopback, docs/cluster.md)."""
+
+    # A call to a dead worker fails at connect time; smg retries it on another worker after
+    # 50 ms. 3 retries are enough for one dead replica and keep a hopeless call short.
+    retry_max_retries: int = 3
+    retry_initial_backoff_ms: int = 50
+    # Open a dead worker's breaker after 2 failures so later keys stop trying it at all.
+    cb_failure_threshold: int = 2
+    # Probe a dead worker again after 5 s (default 60 s), so a restarted replica rejoins soon.
+    cb_timeout_duration_secs: int = 5
+    # Health probes every 2 s (default 60 s: a killed worker looked healthy for a minute).
+    health_check_interval_secs: int = 2
+    health_failure_threshold: int = 1
+    health_check_timeout_secs: int = 2
+    # New task keys go to the replica with the fewest requests in flight.
+    assignment_mode: AssignmentMode = "min_load"
+    # Keys of finished tasks are dropped after this long idle (default 4 h), keeping the map small.
+    sticky_key_idle_secs: int = 600
+    # smg's default is 180 s; our replicas drain on their own (ServerConfig.drain_timeout_s).
+    shutdown_grace_period_secs: int = 2
+    log_level: Literal["debug", "info", "warn", "error"] = "warn"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    replicas: int = 2
+    port: int = 8000
+    host: str = "127.0.0.1"
+    engine: EngineKind = "sim"
+    router_policy: RouterPolicy = "task"
+    # Extra `topas serve` arguments for every replica (e.g. ("--workflow", "chain3")); the
+    # launcher adds --engine, --host and --port.
+    serve_args: tuple[str, ...] = ()
+    # Arguments after `--` for --engine sglang replicas (the SGLang server's own).
+    engine_args: tuple[str, ...] = ()
+    # --engine sglang: GPU ids, one entry per replica (CUDA_VISIBLE_DEVICES); default i-1.
+    gpu_ids: tuple[str, ...] = ()
+    gateway: GatewaySettings = GatewaySettings()
+    extra_smg_args: tuple[str, ...] = ()
+    # Wall seconds to wait for every replica and smg to answer at start (SGLang loads weights).
+    startup_timeout_s: float = 60.0
+    # Wall seconds a replica gets to drain after SIGTERM before it is killed.
+    stop_timeout_s: float = 15.0
+    # Wall seconds the front waits on one control-plane call to one replica.
+    control_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.replicas <= 64:
+            raise ConfigError(f"--replicas must be in 1..64, got {self.replicas}")
+        if not 1 <= self.port <= 65535 - self.replicas - 2:
+            raise ConfigError(f"--port must leave room for {self.replicas + 2} ports above it, got {self.port}")
+        if self.engine not in ("sim", "sglang"):
+            raise ConfigError(f"--engine must be 'sim' or 'sglang', got {self.engine!r}")
+        if self.router_policy not in ROUTER_POLICIES:
+            raise ConfigError(f"--router-policy must be one of {', '.join(ROUTER_POLICIES)}, "
+                              f"got {self.router_policy!r}")
+        if self.gpu_ids and len(self.gpu_ids) != self.replicas:
+            raise ConfigError(f"give one GPU id per replica ({self.replicas}), got {len(self.gpu_ids)}")
+        for name in ("startup_timeout_s", "stop_timeout_s", "control_timeout_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a positive number, got {value}")
+
+    def replica_port(self, i: int) -> int:
+        """Port of replica i, 1-based."""
+        return self.port + i
+
+    @property
+    def replica_urls(self) -> tuple[str, ...]:
+        return tuple(f"http://{self.host}:{self.replica_port(i)}" for i in range(1, self.replicas + 1))
+
+    @property
+    def smg_port(self) -> int:
+        return self.port + self.replicas + 1
+
+    @property
+    def smg_metrics_port(self) -> int:
+        return self.port + self.replicas + 2
+
+    @property
+    def smg_url(self) -> str:
+        return f"http://{self.host}:{self.smg_port}"
+
+    @property
+    def front_url(self) -> str:
+        return f"http://{self.host}:{self.port}"

@@ -1,0 +1,237 @@
+"""The Topas front: the one URL a cluster's clients use, in front of smg and the replicas.
+
+Data plane (`/v1/chat/completions`, `/v1/completions`, `/v1/models`): relayed to smg, bytes
+streamed through, after three things smg cannot do itself:
+- a label sent only in `X-Topas-*` headers is copied into the body's `topas` field (smg
+  forwards the body but drops those headers);
+- the routing key (`X-Topas-Route-Key`, the label's task id or agent) is set from the label,
+  body or headers, so clients that only use `extra_body` are routed by task too;
+- the request's `model` is mapped to the replicas' served model (smg answers 404 for other
+  names, while one Topas server accepts any).
+Control plane (smg does not proxy it): `/v1/topas/*` and `/metrics`, fanned out to the
+replicas and answered as one (`aggregate.py`). See docs/cluster.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from topas_agents.labels import BODY_KEY, HEADERS
+
+from .aggregate import (
+    ReplicaAnswer,
+    aggregate_stats,
+    merge_metrics,
+    pick_owner_answer,
+    pick_registration_answer,
+)
+from .config import KEYED_POLICIES, ROUTE_KEY_HEADER, ClusterConfig
+
+_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+        "transfer-encoding", "upgrade", "host", "content-length"}
+
+
+def lift_label(body: dict[str, Any], headers: Mapping[str, str]) -> Any:
+    """The request's label as smg will forward it: the body's, else one built from the
+    X-Topas-* headers and written into the body (validated by the replica, as before)."""
+    if body.get(BODY_KEY) is not None:
+        return body[BODY_KEY]
+    lowered = {k.lower(): v for k, v in headers.items()}
+    from_headers = {field: lowered[h.lower()] for field, h in HEADERS.items() if h.lower() in lowered}
+    if from_headers:
+        body[BODY_KEY] = from_headers
+        return from_headers
+    return None
+
+
+def route_key(label: Any, policy: str) -> str | None:
+    if policy not in KEYED_POLICIES or not isinstance(label, Mapping):
+        return None
+    value = label.get("task_id" if policy == "task" else "agent")
+    return value if isinstance(value, str) and value else None
+
+
+class Front:
+    """The front's state: the cluster layout, one HTTP client, the served model id."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.client: httpx.AsyncClient | None = None
+        self.served_model: str | None = None
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self.client is None:  # created on the serving loop (lifespan)
+            limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+            self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0), limits=limits)
+        return self.client
+
+    async def model_id(self) -> str | None:
+        if self.served_model is None:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError):
+                r = await self.http.get(f"{self.config.smg_url}/v1/models", timeout=5.0)
+                self.served_model = r.json()["data"][0]["id"]
+        return self.served_model
+
+    async def one(self, url: str, method: str, path: str, content: bytes | None = None,
+                  headers: Mapping[str, str] | None = None) -> ReplicaAnswer:
+        try:
+            r = await self.http.request(method, url + path, content=content, headers=headers,
+                                        timeout=self.config.control_timeout_s)
+        except httpx.HTTPError as exc:
+            return ReplicaAnswer(url, None, None, f"{type(exc).__name__}: {exc}")
+        try:
+            body: Any = r.json()
+        except ValueError:
+            body = r.text
+        return ReplicaAnswer(url, r.status_code, body)
+
+    async def fan_out(self, request: Request, method: str, path: str,
+                      content: bytes | None = None) -> list[ReplicaAnswer]:
+        """The call on every replica at once, with the caller's credentials (replicas started
+        with --api-key check them on the control plane too)."""
+        auth = request.headers.get("authorization")
+        headers = {"Authorization": auth} if auth else None
+        return list(await asyncio.gather(*(self.one(u, method, path, content, headers)
+                                           for u in self.config.replica_urls)))
+
+    # ------------------------------------------------------------------ data plane
+
+    async def relay(self, request: Request) -> Response:
+        raw = await request.body()
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() not in _HOP and k.lower() != ROUTE_KEY_HEADER.lower()}
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = None  # smg answers the 400
+        if isinstance(body, dict):
+            key = route_key(lift_label(body, request.headers), self.config.router_policy)
+            if key is not None:
+                headers[ROUTE_KEY_HEADER] = key
+            model = await self.model_id()
+            if model is not None:
+                body["model"] = model
+            raw = json.dumps(body).encode()
+        upstream = self.http.build_request("POST", self.config.smg_url + request.url.path, content=raw,
+                                           headers=headers)
+        try:
+            resp = await self.http.send(upstream, stream=True)
+        except httpx.HTTPError as exc:
+            return _error(502, f"gateway unreachable: {type(exc).__name__}: {exc}")
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
+
+        async def body_iter() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in resp.aiter_raw():
+                    yield chunk
+            except httpx.HTTPError:
+                return  # the upstream broke mid-body: end the stream as it did (no [DONE])
+            finally:
+                await resp.aclose()
+
+        return StreamingResponse(body_iter(), status_code=resp.status_code, headers=out_headers)
+
+    async def models(self, request: Request) -> Response:
+        try:
+            r = await self.http.get(f"{self.config.smg_url}/v1/models", timeout=5.0)
+        except httpx.HTTPError as exc:
+            return _error(502, f"gateway unreachable: {exc}")
+        return Response(r.content, status_code=r.status_code, media_type="application/json")
+
+    # ------------------------------------------------------------------ control plane
+
+    async def health(self, request: Request) -> JSONResponse:
+        replicas = await self.fan_out(request, "GET", "/health")
+        gateway = await self.one(self.config.smg_url, "GET", "/health")
+        up = sum(1 for a in replicas if a.ok)
+        ok = gateway.ok and up > 0
+        return JSONResponse({"status": "ok" if ok else "degraded", "gateway": gateway.brief(),
+                             "replicas_up": up, "replicas": [a.brief() for a in replicas]},
+                            status_code=200 if ok else 503)
+
+    async def layout(self, request: Request) -> JSONResponse:
+        c = self.config
+        return JSONResponse({"front": c.front_url, "gateway": c.smg_url, "replicas": list(c.replica_urls),
+                             "engine": c.engine, "router_policy": c.router_policy,
+                             "route_key_header": ROUTE_KEY_HEADER})
+
+    async def stats(self, request: Request) -> JSONResponse:
+        calls = request.query_params.get("calls")
+        suffix = f"?calls={calls}" if calls is not None else ""
+        answers = await self.fan_out(request, "GET", "/v1/topas/stats" + suffix)
+        view = aggregate_stats(answers)
+        if request.query_params.get("full") in ("1", "true"):
+            view["replica_stats"] = [a.body if a.ok else None for a in answers]
+        return JSONResponse(view)
+
+    async def metrics(self, request: Request) -> PlainTextResponse:
+        answers = await self.fan_out(request, "GET", "/metrics")
+        text = merge_metrics([a.body if a.ok and isinstance(a.body, str) else None for a in answers])
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def list_workflows(self, request: Request) -> JSONResponse:
+        answers = await self.fan_out(request, "GET", "/v1/topas/workflows")
+        names = sorted({n for a in answers if a.ok and isinstance(a.body, Mapping)
+                        for n in a.body.get("workflows", [])})
+        return JSONResponse({"workflows": names, "replicas": [
+            {**a.brief(), "workflows": a.body.get("workflows") if a.ok and isinstance(a.body, Mapping) else None}
+            for a in answers]})
+
+    async def add_workflow(self, request: Request) -> JSONResponse:
+        status, body = pick_registration_answer(await self.fan_out(request, "POST", "/v1/topas/workflows",
+                                                                   await request.body()))
+        return JSONResponse(body, status_code=status)
+
+    async def done(self, request: Request) -> JSONResponse:
+        raw_path = request.scope.get("raw_path")  # keeps a task id's percent-escapes as sent
+        path = raw_path.decode("latin-1") if raw_path else request.url.path
+        status, body = pick_owner_answer(await self.fan_out(request, "POST", path))
+        return JSONResponse(body, status_code=status)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "server_error", "param": None, "code": None}},
+                        status_code=status)
+
+
+def build_front(config: ClusterConfig) -> Starlette:
+    front = Front(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await front.close()
+
+    routes = [
+        Route("/v1/chat/completions", front.relay, methods=["POST"]),
+        Route("/v1/completions", front.relay, methods=["POST"]),
+        Route("/v1/models", front.models, methods=["GET"]),
+        Route("/health", front.health, methods=["GET"]),
+        Route("/metrics", front.metrics, methods=["GET"]),
+        Route("/v1/topas/cluster", front.layout, methods=["GET"]),
+        Route("/v1/topas/stats", front.stats, methods=["GET"]),
+        Route("/v1/topas/workflows", front.list_workflows, methods=["GET"]),
+        Route("/v1/topas/workflows", front.add_workflow, methods=["POST"]),
+        Route("/v1/topas/tasks/{task_id}/done", front.done, methods=["POST"]),
+        Route("/v1/topas/tasks/{task_id}/stages/{stage}/done", front.done, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.front = front
+    return app

@@ -1,0 +1,208 @@
+"""`run_replicas`: N Topas replicas, smg in front of them and the Topas front, started and
+stopped together. `serve_replicas` is the blocking form behind `topas serve --replicas N`.
+
+    with run_replicas(3, port=18000, serve_args=("--workflow", "chain3", "--time-scale", "50")) as c:
+        client = openai.OpenAI(base_url=c.url, api_key="unused")   # c.url: the front's /v1
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from topas_agents.errors import ConfigError, TopasError
+
+from .commands import replica_argv, replica_env, smg_argv, smg_version
+from .config import ClusterConfig, GatewaySettings
+from .front import build_front
+from .procs import Child, start_child, stop_children
+
+
+@dataclass
+class ClusterHandle:
+    """A running cluster. `url` is the OpenAI base URL of the front (…/v1)."""
+
+    config: ClusterConfig
+    replicas: list[Child]
+    gateway: Child
+    log_dir: Path
+    _front: uvicorn.Server | None = field(default=None, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"{self.config.front_url}/v1"
+
+    @property
+    def base_url(self) -> str:
+        return self.config.front_url
+
+    @property
+    def children(self) -> list[Child]:
+        # smg first: it stops taking calls while the replicas drain what they have
+        return [self.gateway, *self.replicas]
+
+    def stop(self) -> None:
+        """Stop the front, smg and every replica (drain, then SIGKILL what is left)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._front is not None and self._thread is not None:
+            self._front.should_exit = True
+            self._thread.join(10)
+        stop_children(self.children, self.config.stop_timeout_s)
+
+    def __enter__(self) -> ClusterHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base_port(span: int, host: str = "127.0.0.1", tries: int = 200) -> int:
+    """A port P with P..P+span-1 all free now (tests; a race with other processes remains)."""
+    import random
+
+    rng = random.Random()
+    for _ in range(tries):
+        base = rng.randrange(20000, 60000 - span)
+        if all(_port_free(host, base + k) for k in range(span)):
+            return base
+    raise TopasError(f"no block of {span} free ports found on {host}")
+
+
+def _check_ports(config: ClusterConfig) -> None:
+    ports = [config.port, *(config.replica_port(i) for i in range(1, config.replicas + 1)),
+             config.smg_port, config.smg_metrics_port]
+    busy = [p for p in ports if not _port_free(config.host, p)]
+    if busy:
+        raise ConfigError(f"ports in use on {config.host}: {', '.join(map(str, busy))} "
+                          f"(the cluster needs {ports[0]}..{ports[-1]})")
+
+
+def _wait_ready(children: Sequence[Child], urls: Sequence[str], deadline: float, what: str) -> None:
+    pending = dict(zip(urls, children, strict=True))
+    with httpx.Client(timeout=2.0) as client:
+        while pending:
+            for url, child in list(pending.items()):
+                if not child.alive():
+                    raise TopasError(f"{what} {child.name} exited with {child.proc.returncode}:\n{child.tail()}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(url).status_code == 200:
+                        del pending[url]
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(c.name for c in pending.values())
+                raise TopasError(f"{what} not ready in time: {names}")
+            if pending:
+                time.sleep(0.2)
+
+
+def _wait_gateway(config: ClusterConfig, gateway: Child, deadline: float) -> None:
+    """smg answers /v1/models once it has registered its workers."""
+    with httpx.Client(timeout=2.0) as client:
+        while True:
+            if not gateway.alive():
+                raise TopasError(f"smg exited with {gateway.proc.returncode}:\n{gateway.tail()}")
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                r = client.get(f"{config.smg_url}/v1/models")
+                if r.status_code == 200 and r.json().get("data"):
+                    return
+            if time.monotonic() > deadline:
+                raise TopasError(f"smg not ready in time:\n{gateway.tail()}")
+            time.sleep(0.2)
+
+
+def _start_front(config: ClusterConfig) -> tuple[uvicorn.Server, threading.Thread]:
+    server = uvicorn.Server(uvicorn.Config(build_front(config), host=config.host, port=config.port,
+                                           log_level="warning", access_log=False, log_config=None,
+                                           lifespan="on", backlog=4096))
+    thread = threading.Thread(target=server.run, name=f"topas-front-{config.port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise TopasError(f"the front failed to start on {config.host}:{config.port}")
+        time.sleep(0.01)
+    return server, thread
+
+
+def start_cluster(config: ClusterConfig, *, log_dir: Path | None = None) -> ClusterHandle:
+    """Start the replicas, then smg, then the front; on any failure stop what started."""
+    smg_version()
+    _check_ports(config)
+    log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="topas-cluster-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    started: list[Child] = []
+    try:
+        for i in range(1, config.replicas + 1):
+            started.append(start_child(f"replica-{i}", replica_argv(config, i), log_dir=log_dir,
+                                       env=replica_env(config, i)))
+        deadline = time.monotonic() + config.startup_timeout_s
+        _wait_ready(started, [f"{u}/health" for u in config.replica_urls], deadline, "replica")
+        gateway = start_child("smg", smg_argv(config), log_dir=log_dir)
+        started.append(gateway)
+        _wait_gateway(config, gateway, deadline)
+        handle = ClusterHandle(config, started[:-1], gateway, log_dir)
+        handle._front, handle._thread = _start_front(config)
+        return handle
+    except BaseException:
+        stop_children(started, 5.0)
+        raise
+
+
+def run_replicas(replicas: int, *, port: int = 8000, host: str = "127.0.0.1", engine: str = "sim",
+                 router_policy: str = "task", serve_args: Sequence[str] = (), engine_args: Sequence[str] = (),
+                 gpu_ids: Sequence[str] = (), extra_smg_args: Sequence[str] = (),
+                 gateway: GatewaySettings | None = None, startup_timeout_s: float = 60.0,
+                 log_dir: str | Path | None = None, **config_kw: Any) -> ClusterHandle:
+    """Plain-argument entry point: build the ClusterConfig and start the cluster."""
+    config = ClusterConfig(replicas=replicas, port=port, host=host, engine=engine,  # type: ignore[arg-type]
+                           router_policy=router_policy,  # type: ignore[arg-type]
+                           serve_args=tuple(serve_args), engine_args=tuple(engine_args),
+                           gpu_ids=tuple(gpu_ids), extra_smg_args=tuple(extra_smg_args),
+                           gateway=gateway or GatewaySettings(), startup_timeout_s=startup_timeout_s,
+                           **config_kw)
+    return start_cluster(config, log_dir=Path(log_dir) if log_dir is not None else None)
+
+
+def serve_replicas(replicas: int, **kw: Any) -> int:
+    """Blocking: run the cluster until SIGINT/SIGTERM, then stop everything (`topas serve --replicas`)."""
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with run_replicas(replicas, **kw) as cluster:
+            c = cluster.config
+            print(f"topas: {c.replicas} {c.engine} replicas behind smg {smg_version()} "
+                  f"(policy {c.router_policy}); OpenAI base URL {cluster.url}; logs in {cluster.log_dir}",
+                  flush=True)
+            while not stop.wait(0.5):
+                dead = [ch.name for ch in cluster.children if not ch.alive()]
+                if cluster.gateway.name in dead:
+                    raise TopasError(f"smg exited:\n{cluster.gateway.tail()}")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -1,0 +1,188 @@
+"""Pure parts of the cluster: config, command lines, label lifting, stats merging and
+stream resumption (no processes)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from openai.types.chat import ChatCompletionChunk
+from openai.types.completion import Completion
+from openai.types.completion_choice import CompletionChoice
+
+from topas_agents.cluster.stream_retry import AsyncResumingStream, ResumingStream, transient
+from topas_agents.errors import ConfigError
+from topas_agents.server.cluster.aggregate import (
+    ReplicaAnswer,
+    aggregate_stats,
+    merge_metrics,
+    pick_owner_answer,
+    pick_registration_answer,
+)
+from topas_agents.server.cluster.commands import replica_argv, replica_env, smg_argv
+from topas_agents.server.cluster.config import ROUTE_KEY_HEADER, ClusterConfig
+from topas_agents.server.cluster.front import lift_label, route_key
+
+
+def test_port_layout_and_validation():
+    c = ClusterConfig(replicas=3, port=9000)
+    assert c.replica_urls == ("http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003")
+    assert (c.smg_port, c.smg_metrics_port, c.front_url) == (9004, 9005, "http://127.0.0.1:9000")
+    for bad in ({"replicas": 0}, {"router_policy": "lpm"}, {"port": 65534}, {"gpu_ids": ("0",), "replicas": 2}):
+        with pytest.raises(ConfigError):
+            ClusterConfig(**bad)
+
+
+def test_command_lines():
+    c = ClusterConfig(replicas=2, port=9000, serve_args=("--workflow", "chain3"))
+    argv = replica_argv(c, 2)
+    assert argv[1:3] == ("-m", "topas_agents.server") and argv[argv.index("--port") + 1] == "9002"
+    assert argv[-2:] == ("--workflow", "chain3") and replica_env(c, 2) == {}
+    g = smg_argv(c)
+    assert g[g.index("--policy") + 1] == "manual" and g[g.index("--routing-key-headers") + 1] == ROUTE_KEY_HEADER
+    assert g[g.index("--host") + 1] == "127.0.0.1" and g[g.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert "--routing-key-headers" not in smg_argv(ClusterConfig(router_policy="cache_aware"))
+    sg = ClusterConfig(replicas=2, engine="sglang", engine_args=("--mem-fraction-static", "0.8"))
+    assert replica_env(sg, 2) == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert replica_argv(sg, 1)[-3:] == ("--", "--mem-fraction-static", "0.8")
+
+
+def test_label_lifting_and_route_key():
+    body = {"messages": []}
+    lab = lift_label(body, {"x-topas-task-id": "t1", "X-Topas-Stage": "s", "X-Topas-Agent": "a"})
+    assert body["topas"] == lab == {"task_id": "t1", "stage": "s", "agent": "a"}
+    body2 = {"topas": {"task_id": "b"}}
+    assert lift_label(body2, {"X-Topas-Task-Id": "h"}) == {"task_id": "b"}  # the body wins whole
+    assert lift_label({}, {}) is None
+    assert route_key({"task_id": "t", "agent": "a"}, "task") == "t"
+    assert route_key({"task_id": "t", "agent": "a"}, "agent") == "a"
+    assert route_key({"task_id": "t"}, "cache_aware") is None
+    assert route_key("garbage", "task") is None
+
+
+def _stats(tasks, ok=3, now=10.0):
+    return {"now_s": now, "queues": {"waiting": 1, "running": 2}, "kv": {"used": 5, "budget": 10},
+            "requests": {"in_flight": 1, "calls_by_status": {"ok": ok}},
+            "jct": {}, "tasks": {"active": 0, "items": tasks}}
+
+
+def test_aggregate_merges_split_tasks():
+    a = _stats([{"task_id": "x", "arrival_s": 1.0, "finish_s": 2.0, "done": True, "stages": {"s1": {"calls": 1}}},
+                {"task_id": "y", "arrival_s": 0.0, "finish_s": 4.0, "done": True, "stages": {}}])
+    b = _stats([{"task_id": "x", "arrival_s": 1.5, "finish_s": 5.0, "done": True, "stages": {"s2": {"calls": 1}}}],
+               now=11.0)
+    view = aggregate_stats([ReplicaAnswer("u1", 200, a), ReplicaAnswer("u2", 200, b),
+                            ReplicaAnswer("u3", None, None, "refused")])
+    c = view["cluster"]
+    assert c["replicas_up"] == 2 and c["calls_by_status"] == {"ok": 6} and c["queues"]["running"] == 4
+    assert c["tasks"] == {"seen": 2, "done": 2, "split": 1, "split_ids": ["x"]}
+    assert c["jct"]["count"] == 2 and c["jct"]["mean_s"] == pytest.approx((4.0 + 4.0) / 2)
+    assert c["clock_skew_s"] == pytest.approx(1.0)
+    assert view["replicas"][2]["status"] is None
+
+
+def test_fan_out_answers():
+    ok = ReplicaAnswer("u1", 200, {"task_id": "t"})
+    missing = ReplicaAnswer("u2", 404, {"error": {}})
+    assert pick_owner_answer([missing, ok])[0] == 200
+    assert pick_owner_answer([missing, missing])[0] == 404
+    assert pick_owner_answer([ReplicaAnswer("u", None, None, "down")])[0] == 502
+    assert pick_registration_answer([ReplicaAnswer("u", 201, {}), ReplicaAnswer("v", 200, {})])[0] == 201
+    assert pick_registration_answer([ReplicaAnswer("u", 200, {}), ReplicaAnswer("v", 409, {})])[0] == 409
+
+
+def test_merge_metrics_groups_families():
+    text = "# HELP m_total help\n# TYPE m_total counter\nm_total{a=\"1\"} 3\n# TYPE g gauge\ng 2\n"
+    merged = merge_metrics([text, text])
+    lines = merged.splitlines()
+    assert lines.count("# TYPE m_total counter") == 1
+    i = lines.index("# TYPE m_total counter")
+    assert lines[i + 1:i + 3] == ['m_total{replica="1",a="1"} 3', 'm_total{replica="2",a="1"} 3']
+    assert lines[-2:] == ['g{replica="1"} 2', 'g{replica="2"} 2']
+
+
+# ---------------------------------------------------------------------- stream resumption
+
+def _chat_chunks(text: str, cut: int | None, pieces: int = 3) -> list[ChatCompletionChunk]:
+    step = max(1, len(text) // pieces)
+    parts = [text[i:i + step] for i in range(0, len(text), step)]
+    chunks = [{"role": "assistant", "content": ""}, *({"content": p} for p in parts)]
+    out = []
+    for n, delta in enumerate(chunks):
+        out.append(ChatCompletionChunk.model_validate({
+            "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
+        if cut is not None and n == cut:
+            return out
+    out.append(ChatCompletionChunk.model_validate({
+        "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+    return out
+
+
+class _FakeStream:
+    def __init__(self, chunks, error: BaseException | None = None) -> None:
+        self.chunks = chunks
+        self.error = error
+        self.closed = False
+
+    def __iter__(self):
+        yield from self.chunks
+        if self.error is not None:
+            raise self.error
+
+    async def __aiter__(self):
+        for c in self.chunks:
+            yield c
+        if self.error is not None:
+            raise self.error
+
+    def close(self):
+        self.closed = True
+
+
+@given(text=st.text(min_size=1, max_size=40), cut=st.integers(0, 4), pieces=st.integers(1, 6))
+def test_resumed_stream_delivers_each_character_once(text, cut, pieces):
+    first_chunks = _chat_chunks(text, cut, pieces)
+    was_cut = all(c.choices[0].finish_reason is None for c in first_chunks)
+    first = _FakeStream(first_chunks)
+    stream = ResumingStream(first, lambda: _FakeStream(_chat_chunks(text, None, pieces + 1)))
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert stream.resumed == int(was_cut)
+
+
+def test_resume_once_then_give_up():
+    import httpx
+
+    broken = httpx.RemoteProtocolError("peer closed")
+    stream = ResumingStream(_FakeStream(_chat_chunks("abcdef", 1), broken),
+                            lambda: _FakeStream(_chat_chunks("abcdef", 2), broken))
+    with pytest.raises(httpx.RemoteProtocolError):
+        list(stream)
+    assert stream.resumed == 1
+    assert transient(broken) and not transient(ValueError())
+
+
+def test_completion_stream_resumes_and_async_too():
+    def comp(texts, finish):
+        # as openai builds stream chunks: constructed, not validated (finish_reason None mid-stream)
+        return [Completion.model_construct(id="c", object="text_completion", created=0, model="m", choices=[
+            CompletionChoice.model_construct(index=0, text=t, logprobs=None,
+                                             finish_reason=finish if k == len(texts) - 1 else None)])
+                for k, t in enumerate(texts)]
+
+    s = ResumingStream(_FakeStream(comp(["ab", "c"], None)), lambda: _FakeStream(comp(["a", "bcd", "e"], "stop")))
+    assert "".join(c.choices[0].text for c in s) == "abcde"
+
+    async def reopen():
+        return _FakeStream(_chat_chunks("hello world", None))
+
+    async def run():
+        a = AsyncResumingStream(_FakeStream(_chat_chunks("hello world", 2)), reopen)
+        return "".join([c.choices[0].delta.content or "" async for c in a]), a.resumed
+
+    assert asyncio.run(run()) == ("hello world", 1)

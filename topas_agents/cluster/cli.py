@@ -1,0 +1,101 @@
+"""`topas bench --replicas N[,N2] --router R[,R2]`: the options and the hand-off from
+`cli/bench.py` (docs/cluster.md).
+
+    from ..cluster.cli import add_cluster_bench_options, run_cluster_from_args   # in cli/bench.py
+    add_cluster_bench_options(p)                                                 # in add_parser
+    if args.replicas: return run_cluster_from_args(args)      # in run, after resolve_args(args)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..errors import ConfigError
+from .routing import ROUTERS
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 4,8, got {text!r}") from None
+    if not values or any(not 1 <= v <= 64 for v in values):
+        raise argparse.ArgumentTypeError(f"replica counts must be in 1..64, got {text!r}")
+    return values
+
+
+def _routers(text: str) -> tuple[str, ...]:
+    values = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [v for v in values if v not in ROUTERS]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"routers are {', '.join(ROUTERS)}; got {text!r}")
+    return values
+
+
+def _pairs(text: str) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in text.split(","):
+        policy, sep, router = item.strip().partition("+")
+        if not sep or router not in ROUTERS:
+            raise argparse.ArgumentTypeError(f"expected POLICY+ROUTER (routers: {', '.join(ROUTERS)}), got {item!r}")
+        out.append((policy, router))
+    return tuple(out)
+
+
+def add_cluster_bench_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("simulated cluster (N engines behind a router; docs/cluster.md)")
+    g.add_argument("--replicas", type=_ints, default=None, metavar="N[,N2...]",
+                   help="run the policies on N simulated replicas (loads relative to N x one engine)")
+    g.add_argument("--router", type=_routers, default=ROUTERS, metavar="R[,R2...]",
+                   help=f"--replicas: routers to compare (default all: {','.join(ROUTERS)})")
+    g.add_argument("--tasks-per-replica", type=int, default=40, metavar="K",
+                   help="--replicas: tasks per run = K x replicas (default 40)")
+    g.add_argument("--scaling", type=_pairs, default=(), metavar="POLICY+ROUTER[,...]",
+                   help="--replicas: also the max rate under a p99 target at 1,2,4,8 replicas and scaling efficiency")
+    g.add_argument("--p99-target", type=float, default=None, metavar="S",
+                   help="--scaling: p99 JCT target in simulated seconds (default 1.5 x one replica's p99 at load 0.3)")
+
+
+def run_cluster_from_args(args: argparse.Namespace) -> int:
+    from ..costmodel import load_profile
+    from ..workflow import load_workflow
+    from .bench import ClusterBenchConfig, run_cluster_bench
+
+    if not getattr(args, "workload", None):
+        raise ConfigError("--replicas needs --workload NAME|PATH.yaml")
+    cfg = ClusterBenchConfig(
+        workflow=load_workflow(args.workload), profile=load_profile(args.profile),
+        policies=tuple(args.policies), routers=tuple(args.router), replicas=tuple(args.replicas),
+        loads=tuple(args.load or ()), tasks_per_replica=args.tasks_per_replica, seed=args.seed,
+        kv_budget=args.kv_budget, policy_options=getattr(args, "policy_options", None) or {},
+        scaling_pairs=tuple(args.scaling), p99_target_s=args.p99_target)
+    show = not getattr(args, "no_progress", False) and sys.stderr.isatty()
+    doc = run_cluster_bench(cfg, progress=(lambda msg: print(msg, file=sys.stderr)) if show else None)
+    print(format_cluster_table(doc))
+    if getattr(args, "json", None):
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+def format_cluster_table(doc: dict[str, Any]) -> str:
+    lines = [f"{doc['workload']} on {doc['profile']}, loads {doc['loads']}, seed {doc['seed']} "
+             "(mean/p99 JCT averaged over loads, simulated s)"]
+    for block in doc["by_replicas"]:
+        s = block["summary"]
+        lines.append(f"\n{block['replicas']} replicas")
+        for pair, v in sorted(s["pairs"].items(), key=lambda kv: kv[1]["mean_jct"]):
+            lines.append(f"  {pair:24s} mean {v['mean_jct']:9.2f}  p99 {v['p99_jct']:9.2f}")
+        head = s.get("headline")
+        if head and "mean_jct_vs_lpm_cache" in head:
+            lines.append(f"  {head['topas_best_router']} vs lpm+cache: mean x{head['mean_jct_vs_lpm_cache']:.3f}, "
+                         f"p99 x{head['p99_jct_vs_lpm_cache']:.3f}")
+    for sc in doc.get("scaling", []):
+        rows = ", ".join(f"{r['replicas']}: {r['max_rate_rps']:.3f}/s"
+                         + (f" (eff {r['efficiency']:.2f})" if r["efficiency"] is not None else "")
+                         for r in sc["rows"])
+        lines.append(f"\nscaling {sc['policy']}+{sc['router']} at p99 <= {sc['p99_target_s']:.1f} s: {rows}")
+    return "\n".join(lines)

@@ -1,0 +1,176 @@
+"""Client side of failover for streams: a stream that breaks is re-opened once and resumed.
+
+A replica dying mid-stream ends the client's stream without `[DONE]` and without an error
+event (smg passes the cut through as a clean end), or the gateway sends an error event
+(openai raises `APIError`). `ResumingStream` / `AsyncResumingStream` wrap an `openai` stream:
+when it ends before any choice has a `finish_reason`, or raises a transient error, they
+re-issue the same call once (the gateway re-homes it; the new replica rebuilds the task from
+the label) and skip the text already delivered, so the caller sees every character once and
+the usage chunk of the call that finished. Resuming assumes the replay produces the same
+text prefix (true for the simulated replicas; for a sampled LLM the caller gets the new
+call's text after the delivered length).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+
+RESUME_ATTEMPTS = 1  # the issue's rule: one retry, so a hopeless call fails fast
+
+
+def transient(exc: BaseException) -> bool:
+    """Errors worth one re-issue: transport breaks, 5xx, and error events inside a stream."""
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code >= 500
+    return isinstance(exc, (openai.APIConnectionError, openai.APIError, httpx.TransportError))
+
+
+def _text_field(choice: Any) -> tuple[Any, str]:
+    delta = getattr(choice, "delta", None)
+    return (delta, "content") if delta is not None else (choice, "text")
+
+
+class _Progress:
+    """What this call has delivered per choice index, and where a replay has got to."""
+
+    def __init__(self) -> None:
+        self.delivered: dict[int, int] = {}
+        self.replayed: dict[int, int] = {}
+        self.finished = False
+        self.replaying = False
+
+    def restart(self) -> None:
+        self.replaying = True
+        self.replayed = {}
+
+    def admit(self, chunk: Any) -> Any | None:
+        """The chunk to hand to the caller (text trimmed on a replay), or None to drop it."""
+        keep = not self.replaying or not chunk.choices  # a usage-only chunk always passes
+        for choice in chunk.choices:
+            owner, attr = _text_field(choice)
+            text = getattr(owner, attr, None) or ""
+            i = choice.index
+            done = self.delivered.get(i, 0)
+            if self.replaying:
+                seen = self.replayed.get(i, 0)
+                self.replayed[i] = seen + len(text)
+                skip = min(len(text), max(0, done - seen))
+                if skip:
+                    text = text[skip:]
+                    setattr(owner, attr, text)
+                keep = keep or bool(text) or choice.finish_reason is not None
+            self.delivered[i] = max(done, self.replayed.get(i, 0) if self.replaying else done + len(text))
+            if choice.finish_reason is not None:
+                self.finished = True
+        return chunk if keep else None
+
+
+class ResumingStream:
+    """Iterate like the `openai.Stream` it wraps; re-opens the call once if it breaks."""
+
+    def __init__(self, stream: Any, reopen: Callable[[], Any], attempts: int = RESUME_ATTEMPTS) -> None:
+        self._stream = stream
+        self._reopen = reopen
+        self._attempts = attempts
+        self.resumed = 0  # how many times the call was re-issued
+        self._it: Iterator[Any] | None = None
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            self._it = iter(self)
+        return next(self._it)
+
+    def __iter__(self) -> Iterator[Any]:
+        progress = _Progress()
+        while True:
+            try:
+                for chunk in self._stream:
+                    out = progress.admit(chunk)
+                    if out is not None:
+                        yield out
+                if progress.finished:
+                    return
+                error: BaseException | None = None
+            except Exception as exc:
+                if not transient(exc):
+                    raise
+                error = exc
+            if self.resumed >= self._attempts:
+                if error is not None:
+                    raise error
+                return
+            with contextlib.suppress(Exception):
+                self._stream.close()
+            self.resumed += 1
+            progress.restart()
+            self._stream = self._reopen()
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> ResumingStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class AsyncResumingStream:
+    """The `openai.AsyncStream` counterpart of `ResumingStream`."""
+
+    def __init__(self, stream: Any, reopen: Callable[[], Awaitable[Any]], attempts: int = RESUME_ATTEMPTS) -> None:
+        self._stream = stream
+        self._reopen = reopen
+        self._attempts = attempts
+        self.resumed = 0
+        self._ait: AsyncIterator[Any] | None = None
+
+    async def __anext__(self) -> Any:
+        if self._ait is None:
+            self._ait = self.__aiter__()
+        return await self._ait.__anext__()
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        progress = _Progress()
+        while True:
+            try:
+                async for chunk in self._stream:
+                    out = progress.admit(chunk)
+                    if out is not None:
+                        yield out
+                if progress.finished:
+                    return
+                error: BaseException | None = None
+            except Exception as exc:
+                if not transient(exc):
+                    raise
+                error = exc
+            if self.resumed >= self._attempts:
+                if error is not None:
+                    raise error
+                return
+            with contextlib.suppress(Exception):
+                await self._stream.close()
+            self.resumed += 1
+            progress.restart()
+            self._stream = await self._reopen()
+
+    async def close(self) -> None:
+        await self._stream.close()
+
+    async def __aenter__(self) -> AsyncResumingStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
