@@ -7,16 +7,18 @@ from typing import Any
 from ..errors import LabelError
 from ..labels import BODY_KEY
 
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 409: "conflict_error",
-          503: "service_unavailable", 500: "server_error"}
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
+          409: "conflict_error", 413: "invalid_request_error", 503: "service_unavailable",
+          500: "server_error"}
 
 
 class ApiError(Exception):
     """A request-level error with its HTTP status; never escapes as a 500."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 type_: str | None = None) -> None:
+                 type_: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
+        self.code = code
         self.status = status
         self.message = message
         self.param = param
@@ -24,7 +26,7 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": None}}
+                          "code": self.code}}
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:

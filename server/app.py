@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -24,44 +25,96 @@ from .protocol import ParsedCall, parse_chat, parse_completion
 from .responders import Responder, make_responder
 from .service import EngineFactory, SimService
 from .stats import build_stats
-from .workflows import WorkflowRegistry
+from .tenancy import EXEMPT_PATHS, Tenant, authenticate, tenant_ids
+from .textcheck import MAYBE_SURROGATE as _MAYBE_SURROGATE
+from .textcheck import has_lone_surrogate
+from .workflows import WorkflowRegistry, parse_upload
 
 log = logging.getLogger("topas.server")
+TENANT_KEY = "topas.tenant"  # ASGI scope key set by EdgeMiddleware
 
 
-class RequestCounter:
-    """Pure ASGI middleware counting responses by route and status (streaming-safe)."""
+async def _send_error(send: Any, err: ApiError) -> None:
+    body = json.dumps(err.body()).encode()
+    await send({"type": "http.response.start", "status": err.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class EdgeMiddleware:
+    """Pure ASGI middleware, outermost: authentication (tenant into `scope`), a last-resort
+    500 that is never re-raised (a re-raised exception reached uvicorn, which could reset the
+    keep-alive connection), and response counts by route and status (streaming-safe)."""
 
     def __init__(self, app: Any, service: SimService) -> None:
         self.app = app
         self.service = service
+        self.tenants = tenant_ids(service.config.api_keys)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = 500
+        status, started = 500, False
 
         async def send_status(message: dict) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
             await send(message)
 
         try:
+            if scope.get("path") not in EXEMPT_PATHS:
+                headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+                scope = {**scope, TENANT_KEY: authenticate(headers, self.tenants)}
             await self.app(scope, receive, send_status)
+        except ApiError as exc:  # authentication
+            if not started:
+                await _send_error(send_status, exc)
+        except Exception as exc:  # a bug: answer 500 once, keep the connection usable
+            log.exception("unhandled error")
+            if not started:
+                await _send_error(send_status, ApiError(500, f"internal error: {type(exc).__name__}",
+                                                        type_="server_error"))
         finally:
             route = scope.get("route")
             endpoint = getattr(route, "path", None) or "other"
             self.service.requests[(endpoint, status)] += 1
 
 
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
+def _tenant(request: Request) -> Tenant:
+    return request.scope.get(TENANT_KEY)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing (413) past `limit` bytes without reading the rest into memory."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and len(length) < 20 and int(length) > limit:
+        raise ApiError(413, f"request body larger than {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"request body larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode_call(raw: bytes, kind: str) -> tuple[Any, ParsedCall]:
+    """JSON body -> (body, ParsedCall); every malformed input is a 400 (CPU-bound for big
+    bodies: run in a worker thread)."""
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}") from None
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # bad JSON/UTF-8, > 4300-digit ints, deep nesting
+        raise bad_request(f"request body is not valid JSON: {str(exc)[:200]}") from None
+    if _MAYBE_SURROGATE.search(raw) and has_lone_surrogate(body):
+        raise bad_request("request body contains a lone UTF-16 surrogate escape (invalid Unicode)")
+    return body, parse_chat(body) if kind == "chat" else parse_completion(body)
+
+
+async def _off_loop(size: int, limit: int, fn: Any, *args: Any) -> Any:
+    """`fn(*args)`, in a worker thread when the input is big enough to hold the event loop."""
+    return await asyncio.to_thread(fn, *args) if size > limit else fn(*args)
 
 
 async def _wait_over(call: Call) -> None:
@@ -152,7 +205,7 @@ def build_app(config: ServerConfig, *, responder: Responder | None = None,
 
     app = FastAPI(title="topas-agents simulated engine", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = svc
-    app.add_middleware(RequestCounter, service=svc)
+    app.add_middleware(EdgeMiddleware, service=svc)
     _add_error_handlers(app)
     _add_openai_routes(app, svc)
     _add_topas_routes(app, svc)
@@ -169,11 +222,13 @@ def _add_error_handlers(app: FastAPI) -> None:
         err = ApiError(exc.status_code, str(exc.detail))
         return JSONResponse(err.body(), status_code=exc.status_code)
 
-    @app.exception_handler(Exception)
-    async def server_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        err = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type_="server_error")
-        return JSONResponse(err.body(), status_code=500)
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = (exc.errors() or [{}])[0]
+        err = bad_request(f"invalid request: {str(first.get('msg', 'validation error'))[:200]}",
+                          ".".join(str(p) for p in first.get("loc", ())[1:]) or None)
+        return JSONResponse(err.body(), status_code=400)
+    # Other exceptions: EdgeMiddleware answers 500 (Starlette's handler for Exception re-raises)
 
 
 def _add_openai_routes(app: FastAPI, svc: SimService) -> None:
@@ -182,10 +237,10 @@ def _add_openai_routes(app: FastAPI, svc: SimService) -> None:
     async def complete(request: Request, kind: str, endpoint: str) -> Response:
         if svc.draining:
             raise shutting_down()
-        body = await _json_body(request)
-        parsed: ParsedCall = parse_chat(body) if kind == "chat" else parse_completion(body)
+        raw = await _read_body(request, cfg.max_body_bytes)
+        body, parsed = await _off_loop(len(raw), cfg.offload_bytes, _decode_call, raw, kind)
         rid = svc.new_rid(kind)
-        lab = resolve_label(body, request.headers, parsed, svc.registry, rid)
+        lab = resolve_label(body, request.headers, parsed, svc.registry, rid, _tenant(request))
         call = await svc.submit(rid, parsed, lab, endpoint)
         model = parsed.model or cfg.model_name
         if parsed.stream:
@@ -224,8 +279,9 @@ def _add_topas_routes(app: FastAPI, svc: SimService) -> None:
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/v1/topas/stats")
-    async def stats(calls: int | None = None) -> dict[str, Any]:
-        return await svc.in_engine(lambda: build_stats(svc, calls))
+    async def stats(request: Request) -> dict[str, Any]:
+        calls, tenant = _calls_param(request.query_params.get("calls")), _tenant(request)
+        return await svc.in_engine(lambda: build_stats(svc, calls, tenant))
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -233,21 +289,33 @@ def _add_topas_routes(app: FastAPI, svc: SimService) -> None:
         return PlainTextResponse(text, media_type=CONTENT_TYPE)
 
     @app.get("/v1/topas/workflows")
-    async def list_workflows() -> dict[str, Any]:
-        return {"workflows": svc.registry.names()}
+    async def list_workflows(request: Request) -> dict[str, Any]:
+        return {"workflows": svc.registry.names(_tenant(request))}
 
     @app.post("/v1/topas/workflows")
     async def add_workflow(request: Request) -> JSONResponse:
-        raw = (await request.body()).decode("utf-8", errors="replace")
-        wf, new = svc.registry.add_text(raw)
+        raw = await _read_body(request, svc.config.max_workflow_bytes)
+        text = raw.decode("utf-8", errors="replace")  # invalid bytes become U+FFFD, never surrogates
+        wf = await _off_loop(len(raw), svc.config.offload_bytes, parse_upload, text)
+        new = svc.registry.add(wf, _tenant(request))  # on the loop: registration never races
         return JSONResponse({"name": wf.name, "created": new, "stages": [s.name for s in wf.stages],
                              "agents": {a.name: a.prefix_tokens for a in wf.agents}},
                             status_code=201 if new else 200)
 
     @app.post("/v1/topas/tasks/{task_id}/stages/{stage}/done")
-    async def stage_done(task_id: str, stage: str) -> dict[str, Any]:
-        return await svc.stage_done(task_id, stage)
+    async def stage_done(request: Request, task_id: str, stage: str) -> dict[str, Any]:
+        return await svc.stage_done(task_id, stage, _tenant(request))
 
     @app.post("/v1/topas/tasks/{task_id}/done")
-    async def task_done(task_id: str) -> dict[str, Any]:
-        return await svc.task_done(task_id)
+    async def task_done(request: Request, task_id: str) -> dict[str, Any]:
+        return await svc.task_done(task_id, _tenant(request))
+
+
+def _calls_param(value: str | None) -> int | None:
+    """`?calls=N`: an integer >= 0 (400 otherwise, in the OpenAI error shape)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 9):
+        raise bad_request("'calls' must be an integer in 0..999999999", "calls")
+    return int(text)

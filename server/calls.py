@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from .api_errors import ApiError
+from .tenancy import unqualify
 from .tokens import pieces
 
 CallStatus = Literal["running", "ok", "cancelled", "failed"]
@@ -35,9 +36,22 @@ class CallRecord:
     first_token_s: float | None = None
     finish_s: float | None = None
     finish_reason: str | None = None
+    tenant: str | None = None  # task_id and agent above are qualified with it (tenancy.py)
+
+    @property
+    def public_task_id(self) -> str:
+        return unqualify(self.tenant, self.task_id)
+
+    @property
+    def public_agent(self) -> str:
+        return unqualify(self.tenant, self.agent)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """As the record's own tenant sees it (names unqualified, no tenant field)."""
+        out = asdict(self)
+        del out["tenant"]
+        out.update(task_id=self.public_task_id, agent=self.public_agent)
+        return out
 
 
 class Call:

@@ -37,6 +37,16 @@ class ServerConfig:
     default_max_tokens: int = 4096  # cap on a response's length when the client sets none
     seed: int = 0  # seeds sampling of workflow stage output lengths
     log_level: str = "warning"
+    # `--api-key` (repeatable): each distinct key is a tenant; () serves without authentication.
+    api_keys: tuple[str, ...] = ()
+    # Request limits (docs/server.md "Limits"): far above real agent prompts, low enough that
+    # one request cannot exhaust memory or hold the event loop.
+    max_body_bytes: int = 16 * 2**20  # completions: 16 MiB of JSON (413 beyond)
+    max_workflow_bytes: int = 4 * 2**20  # a 10k-stage workflow is ~1 MiB of YAML
+    offload_bytes: int = 64 * 2**10  # bodies above this are parsed in a worker thread
+    # A responder may echo user text (a [CONTENT] example, say); the text is cut here so one
+    # call's token bookkeeping on the engine task stays cheap.
+    max_response_chars: int = 256 * 2**10
 
     def __post_init__(self) -> None:
         if self.engine not in ("sim", "sglang"):
@@ -55,7 +65,11 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be a number >= 0, got {value}")
         if self.stream_interval_s <= 0:
             raise ConfigError("stream_interval_s must be > 0")
-        for name in ("max_call_history", "max_task_history", "default_max_tokens"):
+        for key in self.api_keys:
+            if not key or key != key.strip() or not key.isprintable() or not key.isascii():
+                raise ConfigError("--api-key must be non-empty printable ASCII without surrounding spaces")
+        for name in ("max_call_history", "max_task_history", "default_max_tokens", "max_body_bytes",
+                     "max_workflow_bytes", "offload_bytes", "max_response_chars"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
 

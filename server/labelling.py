@@ -17,6 +17,7 @@ from ..labels import BODY_KEY, Label, parse_label
 from ..workflow import Workflow
 from .api_errors import bad_request, from_label_error
 from .protocol import ParsedCall
+from .tenancy import Tenant, qualify
 from .workflows import WorkflowRegistry
 
 UNLABELLED_STAGE = "default"
@@ -27,27 +28,31 @@ UNLABELLED_AGENT = "default"
 class ResolvedLabel:
     label: Label | None
     source: Literal["body", "headers", "none"]
-    task_id: str
+    task_id: str  # internal: qualified with the tenant (server/tenancy.py)
     stage: str
-    agent: str
-    workflow: Workflow | None  # registered workflow, else None (a DAG the engine cannot see)
+    agent: str  # internal: qualified with the tenant
+    workflow: Workflow | None  # the engine's copy of the registered workflow, else None
     workflow_name: str | None  # as labelled
     prefix_tokens: int
     prefix_source: Literal["label", "workflow", "system", "unlabelled"]
+    tenant: Tenant = None
 
     @property
     def labelled(self) -> bool:
         return self.label is not None
 
 
-def _check_workflow(lab: Label, registry: WorkflowRegistry) -> Workflow | None:
+def _check_workflow(lab: Label, registry: WorkflowRegistry, tenant: Tenant) -> Workflow | None:
+    """The engine's copy of the label's workflow, checked against what `tenant` sees."""
     if lab.workflow is None:
         return None
-    wf = registry.get(lab.workflow)
+    wf = registry.get(lab.workflow, tenant)
     if wf is None:
-        if registry:
+        names = registry.names(tenant)
+        if names:
+            shown = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
             raise bad_request(f"topas label field 'workflow': unknown workflow '{lab.workflow}' "
-                              f"(registered: {', '.join(registry.names())})", f"{BODY_KEY}.workflow")
+                              f"(registered: {shown})", f"{BODY_KEY}.workflow")
         return None  # nothing registered: served as a workflow-less task
     if not wf.has_stage(lab.stage):
         raise bad_request(f"topas label field 'stage': workflow '{wf.name}' has no stage '{lab.stage}'",
@@ -56,11 +61,11 @@ def _check_workflow(lab: Label, registry: WorkflowRegistry) -> Workflow | None:
     if lab.agent != expected:
         raise bad_request(f"topas label field 'agent': stage '{lab.stage}' of workflow '{wf.name}' is run "
                           f"by agent '{expected}', got '{lab.agent}'", f"{BODY_KEY}.agent")
-    return wf
+    return registry.engine_copy(lab.workflow, tenant)
 
 
 def resolve_label(body: Mapping[str, Any], headers: Mapping[str, str], call: ParsedCall,
-                  registry: WorkflowRegistry, rid: str) -> ResolvedLabel:
+                  registry: WorkflowRegistry, rid: str, tenant: Tenant = None) -> ResolvedLabel:
     """Raises ApiError(400) naming `topas.<field>` for a malformed or inconsistent label."""
     try:
         lab = parse_label(body, headers)
@@ -68,15 +73,15 @@ def resolve_label(body: Mapping[str, Any], headers: Mapping[str, str], call: Par
         raise from_label_error(exc) from None
     if lab is None:
         # each unlabelled call is its own one-stage task; its prompt is all dynamic input
-        return ResolvedLabel(None, "none", f"untagged-{rid}", UNLABELLED_STAGE, UNLABELLED_AGENT,
-                             None, None, 0, "unlabelled")
+        return ResolvedLabel(None, "none", qualify(tenant, f"untagged-{rid}"), UNLABELLED_STAGE,
+                             qualify(tenant, UNLABELLED_AGENT), None, None, 0, "unlabelled", tenant)
     source: Literal["body", "headers"] = "body" if body.get(BODY_KEY) is not None else "headers"
-    wf = _check_workflow(lab, registry)
+    wf = _check_workflow(lab, registry, tenant)
     if lab.prefix_tokens is not None:
         prefix, prefix_source = lab.prefix_tokens, "label"
     elif wf is not None:
-        prefix, prefix_source = wf.prefix_tokens(lab.agent), "workflow"
+        prefix, prefix_source = wf.prefix_tokens(qualify(tenant, lab.agent)), "workflow"
     else:
         prefix, prefix_source = call.system_tokens, "system"
-    return ResolvedLabel(lab, source, lab.task_id, lab.stage, lab.agent, wf, lab.workflow, prefix,
-                         prefix_source)  # type: ignore[arg-type]
+    return ResolvedLabel(lab, source, qualify(tenant, lab.task_id), lab.stage, qualify(tenant, lab.agent), wf,
+                         lab.workflow, prefix, prefix_source, tenant)  # type: ignore[arg-type]

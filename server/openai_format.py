@@ -25,7 +25,7 @@ def _head(kind: str, rid: str, created: int, model: str, streaming: bool) -> dic
 
 def topas_info(call: Call) -> dict[str, Any]:
     r = call.record
-    return {"rid": r.rid, "task_id": r.task_id, "stage": r.stage, "agent": r.agent, "round": r.round,
+    return {"rid": r.rid, "task_id": r.public_task_id, "stage": r.stage, "agent": r.public_agent, "round": r.round,
             "arrival_s": r.arrival_s, "first_token_s": r.first_token_s, "finish_s": r.finish_s}
 
 

@@ -7,6 +7,7 @@ Sampling parameters are accepted and ignored. Errors are `ApiError(400)` naming 
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -15,6 +16,10 @@ from . import tokens
 from .api_errors import bad_request
 
 CallKind = Literal["chat", "completion"]
+# Largest max_tokens accepted: above any KV budget (such a call is a 400 anyway), and it keeps
+# every later integer computation small.
+MAX_TOKENS = 2**31 - 1
+MAX_MODEL_CHARS = 256  # the model name is echoed in every response and chunk
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
 
@@ -45,6 +50,14 @@ class ParsedCall:
     @property
     def full_text(self) -> str:
         return "\n".join(m.content for m in self.messages)
+
+
+def short(value: Any) -> str:
+    """User input in an error message: bounded, and never raising (a 5000-digit int's repr does)."""
+    try:
+        return reprlib.repr(value)
+    except ValueError:
+        return "a huge integer"
 
 
 def _content_text(content: Any, i: int) -> str:
@@ -79,7 +92,7 @@ def _messages(body: Mapping[str, Any]) -> tuple[Message, ...]:
             raise bad_request(f"messages[{i}] must be an object", f"messages[{i}]")
         role = m.get("role")
         if not isinstance(role, str) or role not in _ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {sorted(_ROLES)}, got {role!r}",
+            raise bad_request(f"messages[{i}].role must be one of {sorted(_ROLES)}, got {short(role)}",
                               f"messages[{i}].role")
         out.append(Message(role, _content_text(m.get("content"), i)))
     return tuple(out)
@@ -104,8 +117,8 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
         value = body.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise bad_request(f"'{key}' must be an integer >= 1, got {value!r}", key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS:
+            raise bad_request(f"'{key}' must be an integer >= 1 and <= {MAX_TOKENS}, got {short(value)}", key)
         return value
     return None
 
@@ -115,7 +128,7 @@ def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise bad_request(f"'stream' must be a boolean, got {stream!r}", "stream")
+        raise bad_request(f"'stream' must be a boolean, got {short(stream)}", "stream")
     options = body.get("stream_options")
     if options is None:
         return stream, False
@@ -131,11 +144,11 @@ def _common(body: Any) -> tuple[str | None, int | None, bool, bool]:
     if not isinstance(body, Mapping):
         raise bad_request("request body must be a JSON object")
     n = body.get("n")
-    if n is not None and n != 1:
-        raise bad_request(f"only n=1 is supported, got {n!r}", "n")
+    if n is not None and (isinstance(n, bool) or n != 1):
+        raise bad_request(f"only n=1 is supported, got {short(n)}", "n")
     model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad_request("'model' must be a string", "model")
+    if model is not None and (not isinstance(model, str) or len(model) > MAX_MODEL_CHARS):
+        raise bad_request(f"'model' must be a string of at most {MAX_MODEL_CHARS} characters", "model")
     return (model, _max_tokens(body), *_stream_flags(body))
 
 

@@ -87,9 +87,10 @@ def code_rule(ctx: ResponseContext) -> str | None:
     return f"```python\n{header}{SAMPLE_PROGRAM}```\n"
 
 
-def summary_rule(ctx: ResponseContext, max_words: int = 30) -> str:
-    words = ctx.last_user.split()
-    summary = " ".join(words[:max_words]) + (" ..." if len(words) > max_words else "")
+def summary_rule(ctx: ResponseContext, max_words: int = 30, max_word_chars: int = 40) -> str:
+    words = ctx.last_user.split(maxsplit=max_words)
+    shown = [w if len(w) <= max_word_chars else w[:max_word_chars] + "..." for w in words[:max_words]]
+    summary = " ".join(shown) + (" ..." if len(words) > max_words else "")
     return f"Echo: {summary}" if summary else "Echo: (empty prompt)"
 
 

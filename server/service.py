@@ -26,6 +26,7 @@ from .labelling import ResolvedLabel
 from .protocol import ParsedCall
 from .responders import Responder, ResponseContext
 from .tasks import Action, StageDoneAction, TaskTracker
+from .tenancy import qualify, tenant_names
 from .tokens import count_tokens, truncate
 from .workflows import WorkflowRegistry
 
@@ -89,18 +90,22 @@ class SimService:
     async def submit(self, rid: str, call: ParsedCall, lab: ResolvedLabel, endpoint: str) -> Call:
         if self.draining:
             raise shutting_down()
-        return await self.loop.call(lambda: self._submit(rid, call, lab, endpoint))
+        with tenant_names(lab.tenant):
+            return await self.loop.call(lambda: self._submit(rid, call, lab, endpoint))
 
     def cancel_soon(self, c: Call) -> None:
         """Cancel an abandoned call (client gone); never blocks, safe in finally blocks."""
         if not c.over:
             self.loop.call_soon(lambda: self._cancel(c))
 
-    async def stage_done(self, task_id: str, stage: str) -> dict[str, Any]:
-        return await self.loop.call(lambda: self._explicit(task_id, stage))
+    async def stage_done(self, task_id: str, stage: str, tenant: str | None = None) -> dict[str, Any]:
+        """`task_id` as the tenant named it (a tenant reaches only its own tasks)."""
+        with tenant_names(tenant):
+            return await self.loop.call(lambda: self._explicit(qualify(tenant, task_id), stage, tenant))
 
-    async def task_done(self, task_id: str) -> dict[str, Any]:
-        return await self.loop.call(lambda: self._explicit(task_id, None))
+    async def task_done(self, task_id: str, tenant: str | None = None) -> dict[str, Any]:
+        with tenant_names(tenant):
+            return await self.loop.call(lambda: self._explicit(qualify(tenant, task_id), None, tenant))
 
     async def in_engine(self, fn: Callable[[], Any]) -> Any:
         """Run `fn()` inside the engine task (stats, metrics)."""
@@ -122,7 +127,7 @@ class SimService:
         target, from_stage = self._length(call, lab, round_)
         ctx = ResponseContext(call.kind, call.messages, call.last_user, lab.task_id, lab.stage, lab.agent,
                               round_, lab.labelled, target)
-        text = self.responder.respond(ctx)
+        text = self.responder.respond(ctx)[: self.config.max_response_chars]
         natural = max(1, count_tokens(text))
         if from_stage:  # the workload decides the simulated length; the text stays whole
             return text, target or 1, target or 1, "stop"
@@ -151,7 +156,7 @@ class SimService:
         self._apply(actions)
         record = CallRecord(rid, endpoint, lab.label.to_body() if lab.label else None, lab.source,
                             lab.task_id, lab.stage, lab.agent, lab.workflow_name, round_, lab.prefix_tokens,
-                            lab.prefix_source, input_tokens, n_out, max_new, now)
+                            lab.prefix_source, input_tokens, n_out, max_new, now, tenant=lab.tenant)
         self.records.append(record)
         c = Call(rid, record, text, n_out, reason)
         self.calls[rid] = c
@@ -182,7 +187,7 @@ class SimService:
             c.fail(err)
             self._end(c, status, self.engine.now)
 
-    def _explicit(self, task_id: str, stage: str | None) -> dict[str, Any]:
+    def _explicit(self, task_id: str, stage: str | None, tenant: str | None) -> dict[str, Any]:
         now, wall = self.engine.now, self._wall()
         if stage is None:
             actions = self.tracker.task_done(task_id, now, wall)
@@ -192,7 +197,7 @@ class SimService:
         from .stats import task_json
 
         task = self.tracker.active.get(task_id) or self.tracker.finished[task_id]
-        return task_json(task)
+        return task_json(task, tenant)
 
     def _apply(self, actions: list[Action]) -> None:
         for a in actions:

@@ -9,14 +9,15 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from .tasks import TaskState
+from .tenancy import Tenant, owned_by, unqualify
 
 if TYPE_CHECKING:
     from .service import SimService
 
 
-def task_json(task: TaskState) -> dict[str, Any]:
+def task_json(task: TaskState, tenant: Tenant = None) -> dict[str, Any]:
     return {
-        "task_id": task.task_id,
+        "task_id": unqualify(tenant, task.task_id),
         "workflow": task.workflow_name,
         "workflow_registered": task.workflow is not None,
         "unlabelled": task.unlabelled,
@@ -42,8 +43,8 @@ def engine_stats_json(stats: Any) -> dict[str, Any]:
     return {k: v for k, v in vars(stats).items() if not k.startswith("_")}
 
 
-def engine_view(svc: SimService) -> dict[str, Any]:
-    """Queues, batch, KV and resident prefixes, from the engine's snapshot."""
+def engine_view(svc: SimService, tenant: Tenant = None) -> dict[str, Any]:
+    """Queues, batch, KV and resident prefixes (a tenant sees only its own agents' prefixes)."""
     snap = svc.engine.snapshot()
     return {
         "now_s": snap.now,
@@ -51,9 +52,9 @@ def engine_view(svc: SimService) -> dict[str, Any]:
         "queues": {"waiting": len(snap.waiting), "running": len(snap.running)},
         "kv": {"used": snap.kv_used, "budget": snap.kv_budget},
         "prefixes": [
-            {"agent": p.agent, "tokens": p.tokens, "location": p.location, "running": p.running,
-             "last_used_s": p.last_used_s}
-            for p in snap.prefixes
+            {"agent": unqualify(tenant, p.agent), "tokens": p.tokens, "location": p.location,
+             "running": p.running, "last_used_s": p.last_used_s}
+            for p in snap.prefixes if owned_by(tenant, p.agent)
         ],
     }
 
@@ -69,12 +70,16 @@ def jct_summary(svc: SimService) -> dict[str, Any]:
             "p50_s": q(0.5), "p90_s": q(0.9), "p99_s": q(0.99)}
 
 
-def build_stats(svc: SimService, max_calls: int | None = None) -> dict[str, Any]:
+def build_stats(svc: SimService, max_calls: int | None = None, tenant: Tenant = None) -> dict[str, Any]:
+    """The whole state; with API keys, `tenant`'s own tasks, calls, prefixes and workflows."""
     t = svc.tracker
     stages: dict[str, dict[str, int]] = {}
+    visible = set(svc.registry.names(tenant))
     for (wf, stage), n in sorted(t.stage_calls.items()):
+        if tenant is not None and wf not in visible:  # another tenant's (or unregistered) names
+            continue
         stages[f"{wf}/{stage}" if wf else stage] = {"calls": n, "tasks": t.stage_tasks[(wf, stage)]}
-    records = list(svc.records)
+    records = [r for r in svc.records if tenant is None or r.tenant == tenant]
     if max_calls is not None:
         records = records[-max_calls:] if max_calls > 0 else []
     cfg = svc.config
@@ -82,16 +87,17 @@ def build_stats(svc: SimService, max_calls: int | None = None) -> dict[str, Any]
         "server": {"engine": cfg.engine, "policy": cfg.policy, "profile": cfg.profile,
                    "time_scale": cfg.time_scale, "responder": cfg.responder, "model": cfg.model_name,
                    "status": svc.status},
-        **engine_view(svc),
+        **engine_view(svc, tenant),
         "engine": engine_stats_json(svc.engine.stats()),
-        "workflows": svc.registry.names(),
+        "workflows": svc.registry.names(tenant),
         "requests": {"in_flight": len(svc.calls), "calls_by_status": dict(svc.call_status),
                      "http": [{"endpoint": e, "status": s, "count": n} for (e, s), n in sorted(svc.requests.items())]},
         "jct": jct_summary(svc),
         "tasks": {
             "active": len(t.active),
             "done": t.jct_count,
-            "items": [task_json(x) for x in list(t.active.values()) + list(t.finished.values())],
+            "items": [task_json(x, tenant) for x in list(t.active.values()) + list(t.finished.values())
+                      if owned_by(tenant, x.task_id)],
         },
         "stages": stages,
         "calls": [r.to_json() for r in records],

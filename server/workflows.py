@@ -1,70 +1,94 @@
 """Workflows registered with the server (`--workflow`, `POST /v1/topas/workflows`).
 
-The registry's mapping is handed to the engine at construction and only ever grows, so the
-engine sees later registrations without copying.
+The registry's engine mapping is handed to the engine at construction and only ever grows,
+so the engine sees later registrations without copying. Workflows given at start are shared:
+every tenant sees them and none can replace them. A workflow uploaded by a tenant lives in
+that tenant's namespace (server/tenancy.py), so no tenant can squat or replace another's name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-import yaml
-
 from ..errors import WorkflowError
-from ..workflow import Workflow, builtin_workflows, load_workflow, parse_workflow, yaml_error_detail
+from ..workflow import Workflow, builtin_workflows, load_workflow, load_yaml_data, parse_workflow
 from .api_errors import ApiError, bad_request
+from .tenancy import Tenant, engine_workflow, qualify
 
 
 class WorkflowRegistry:
     def __init__(self) -> None:
-        self._by_name: dict[str, Workflow] = {}
+        self._shared: dict[str, Workflow] = {}  # --workflow at start
+        self._own: dict[tuple[str, str], Workflow] = {}  # (tenant, name) -> as uploaded
+        self._engine: dict[str, Workflow] = {}  # engine name -> engine copy
 
     @property
     def mapping(self) -> Mapping[str, Workflow]:
-        """The live name -> Workflow mapping (shared with the engine)."""
-        return self._by_name
+        """The live engine-name -> Workflow mapping (shared with the engine)."""
+        return self._engine
 
     def __bool__(self) -> bool:
-        return bool(self._by_name)
+        return bool(self._engine)
 
-    def get(self, name: str) -> Workflow | None:
-        return self._by_name.get(name)
+    def visible(self, tenant: Tenant = None) -> bool:
+        """Whether `tenant` sees any workflow (strict label checking applies then)."""
+        return bool(self.names(tenant))
 
-    def names(self) -> list[str]:
-        return sorted(self._by_name)
+    def get(self, name: str, tenant: Tenant = None) -> Workflow | None:
+        """The workflow `name` as `tenant` sees it (its own first, then the shared ones)."""
+        if tenant is None:
+            return self._engine.get(name)
+        return self._own.get((tenant, name)) or self._shared.get(name)
 
-    def add(self, wf: Workflow) -> bool:
-        """Register `wf`; True if new. Re-registering an identical definition is a no-op;
-        a different definition under a registered name is a 409 (running tasks use it)."""
-        old = self._by_name.get(wf.name)
+    def engine_copy(self, name: str, tenant: Tenant = None) -> Workflow | None:
+        """The engine's copy of what `get` returns (registered on first use for shared ones)."""
+        wf = self.get(name, tenant)
+        if wf is None or tenant is None:
+            return wf
+        key = qualify(tenant, name)
+        if key not in self._engine:
+            self._engine[key] = engine_workflow(tenant, wf)
+        return self._engine[key]
+
+    def names(self, tenant: Tenant = None) -> list[str]:
+        if tenant is None:
+            return sorted(self._engine)
+        return sorted({*self._shared, *(n for t, n in self._own if t == tenant)})
+
+    def add(self, wf: Workflow, tenant: Tenant = None) -> bool:
+        """Register `wf` for `tenant`; True if new. Re-registering an identical definition is a
+        no-op; a different definition under a name the tenant sees is a 409 (tasks use it)."""
+        old = self.get(wf.name, tenant)
         if old is not None:
             if old == wf:
                 return False
             raise ApiError(409, f"workflow '{wf.name}' is already registered with a different definition",
                            "name")
-        self._by_name[wf.name] = wf
+        if tenant is None:
+            self._engine[wf.name] = wf
+        else:
+            self._own[(tenant, wf.name)] = wf
+            self._engine[qualify(tenant, wf.name)] = engine_workflow(tenant, wf)
         return True
 
     def load(self, name_or_path: str) -> Workflow:
-        """CLI `--workflow NAME|PATH.yaml` (raises WorkflowError, a one-line user error)."""
+        """CLI `--workflow NAME|PATH.yaml`: shared by every tenant (a one-line WorkflowError)."""
         wf = load_workflow(name_or_path)
-        if self._by_name.get(wf.name, wf) != wf:
+        if self._shared.get(wf.name, wf) != wf:
             raise WorkflowError(f"two different workflows named '{wf.name}'")
-        self._by_name[wf.name] = wf
+        self._shared[wf.name] = wf
+        self._engine[wf.name] = wf
         return wf
 
-    def add_text(self, text: str) -> tuple[Workflow, bool]:
-        """`POST /v1/topas/workflows` body: YAML or JSON (JSON is YAML), or the bare name of a
-        built-in workflow (never a server-side path). 400 on any error."""
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise bad_request(f"invalid YAML/JSON{yaml_error_detail(exc)}") from None
-        try:
-            if isinstance(data, str) and data in builtin_workflows():  # a built-in by name
-                wf = load_workflow(data)
-            else:
-                wf = parse_workflow(data, "workflow")
-        except WorkflowError as exc:
-            raise bad_request(str(exc)) from None
-        return wf, self.add(wf)
+
+def parse_upload(text: str) -> Workflow:
+    """`POST /v1/topas/workflows` body: YAML or JSON (JSON is YAML), or the bare name of a
+    built-in workflow (never a server-side path). 400 on any error. CPU-bound: the app runs
+    it in a worker thread."""
+    try:
+        data = load_yaml_data(text)
+        if isinstance(data, str) and data in builtin_workflows():  # a built-in by name
+            return load_workflow(data)
+        return parse_workflow(data, "workflow")
+    except WorkflowError as exc:
+        raise bad_request(str(exc)) from None

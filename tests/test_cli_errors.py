@@ -67,7 +67,7 @@ CASES = [
     (["--workload", "chain3", "--profile", "nope"], "unknown profile 'nope'"),
     (["--workload", "chain3", "--profile", "{profile}"], "missing fields"),
     (["--workload", "chain3", "--trace", "x.jsonl"], "argument --trace: not allowed with argument --workload"),
-    ([], "give --workload NAME|PATH.yaml or --trace FILE.jsonl"),
+    ([], "give --workload NAME|PATH.yaml"),
     (["--workload", "chain3", "--policy-opt", "fcfs.x"], "--policy-opt 'fcfs.x': expected POLICY.KEY=VALUE"),
     (["--workload", "chain3", "--policy-opt", "fcfs=1"], "expected POLICY.KEY=VALUE"),
     (["--workload", "chain3", "--policy-opt", "fcfs.1x=1"], "expected POLICY.KEY=VALUE"),
@@ -130,3 +130,15 @@ def test_installed_script_reports_one_line():
     assert proc.stdout == ""
     assert proc.stderr == ("error: topas bench: argument --rate: expected positive numbers separated "
                            "by commas, got 'abc'\n")
+
+
+def test_workflow_limits_are_one_line_cli_errors(tmp_path, capsys):
+    """Issue 11: `requests: [1, 1000000]` is refused by the limits wherever workflows load."""
+    path = tmp_path / "huge.yaml"
+    path.write_text("name: h\nagents: [{name: a, prefix_tokens: 1}]\n"
+                    "stages: [{name: s, agent: a, requests: [1, 1000000], input_tokens: 1, output_tokens: 1}]\n")
+    assert main(["bench", "--workload", str(path), "--tasks", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "requests: need 1 <= lo <= hi <= 1000" in err
+    assert main(["serve", "--workflow", str(path), "--port", "0"]) == 2
+    assert "requests: need 1 <= lo <= hi <= 1000" in capsys.readouterr().err

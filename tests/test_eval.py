@@ -97,3 +97,27 @@ def test_eval_cli_runs_each_policy_on_the_same_arrivals(tmp_path, capsys):
 def test_eval_cli_rejects_unknown_policies(capsys):
     assert main(["eval", "softwaredev", "--rate", "1", "--policies", "fcfs,nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+@metagpt_only
+def test_eval_against_a_dead_server_fails_at_once(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    rc = main(["eval", "softwaredev", "--rate", "1", "--limit", "1", "--server", url, "--root", str(tmp_path),
+               "--no-progress"])
+    assert rc == 2 and "cannot reach the server" in capsys.readouterr().err
+
+
+@metagpt_only
+def test_eval_exits_1_when_a_task_fails(tmp_path, capsys):
+    from topas_agents.integrations.metagpt.server_api import embedded_server
+
+    with embedded_server(responder="lorem", time_scale=400) as handle:  # replies MetaGPT cannot parse
+        rc = main(["eval", "softwaredev", "--rate", "1", "--limit", "1", "--server", handle.url, "--root",
+                   str(tmp_path), "--parse-retries", "1", "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 1 and "1 task(s) failed" in captured.err
+    assert captured.out.splitlines()[2].split()[:3] == ["external", "1", "0"]  # policy, tasks, ok

@@ -136,4 +136,4 @@ async def test_qa_runs_generated_code_only_in_the_sandbox(mg, tmp_path, capfd):
     assert {c["agent"] for c in _server_calls(stats, r.task_id) if c["stage"] == "qa"} == {"qa_engineer"}
     assert not Path(r.artifacts).is_relative_to(tmp_path)  # QA workspaces live in a temp sandbox
     assert "topas-qa-" in r.artifacts
-    assert "topas sandbox: refused 'pip install'" in capfd.readouterr().err
+    assert "No module named pip" in capfd.readouterr().err  # RunCode's pip installs fail in the sandbox

@@ -266,3 +266,17 @@ def test_called_stages_ancestors_are_always_done(stages: list[str], rnd: random.
                 st_ = task.stages[anc]
                 assert st_.done or st_.closing
     assert len(emitted) == len(set(emitted))  # each stage is reported done at most once
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(text=st.text(alphabet=st.sampled_from(list("ab1 _;\n\t.Zé9x")), max_size=200), slice_chars=st.integers(1, 20))
+def test_sliced_token_counting_is_exact(text, slice_chars):
+    """Big prompts are counted slice by slice (GIL released between slices): same count."""
+    assert count_tokens(text, slice_chars) == len(pieces(text))
+
+
+def test_echo_of_a_giant_word_is_bounded():
+    from topas_agents.server.responders import ResponseContext, summary_rule
+
+    ctx = ResponseContext("chat", (), "x" * 10**6 + " tail", "t", "s", "a", 0, False, None)
+    assert len(summary_rule(ctx)) < 100

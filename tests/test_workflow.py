@@ -175,9 +175,10 @@ def test_metagpt_sop_shape():
         "product_manager", "architect", "project_manager", "engineer", "qa_engineer"]
     assert max(wf.depth.values()) == 4  # a chain
     code, qa = wf.stage("write_code"), wf.stage("qa")
-    assert (code.requests.lo, code.requests.hi) == (3, 6)
-    assert (qa.requests.lo, qa.requests.hi) == (1, 3) and qa.tool_wait_s > 0
-    assert all(2500 <= a.prefix_tokens <= 6144 for a in wf.agents)
+    # the sizes belong to the dataset (datasets/workloads/README.md); only the shape is fixed here
+    assert code.requests.hi > code.requests.lo >= 1  # one Engineer call per file, several files
+    assert qa.requests.hi >= qa.requests.lo >= 1 and qa.tool_wait_s > 0
+    assert all(a.prefix_tokens > 0 for a in wf.agents)
 
 
 def test_metagpt_tl_shape():

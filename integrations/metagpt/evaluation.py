@@ -41,7 +41,7 @@ from .runner import (
     label_workflow,
     run_tasks,
 )
-from .server_api import embedded_server, fetch_stats, register_workflow
+from .server_api import embedded_server, fetch_stats, probe_server, register_workflow
 from .softwaredev import SoftwareDevPrompt
 
 EXTERNAL = "external"
@@ -63,6 +63,7 @@ class EvalConfig:
     parse_retries: int | None = 2
     model: str | None = None
     max_tokens: int | None = None  # None: omitted (embedded) / MetaGPT's 4096 (--server); 0: omit
+    api_key: str | None = None  # --server's key (None: MetaGPT's placeholder)
 
     def __post_init__(self) -> None:
         if not (self.rate > 0 and math.isfinite(self.rate)):
@@ -123,15 +124,20 @@ async def _run_policy(policy: str, url: str, config: EvalConfig, specs: list[Tas
                       clock_scale: float, on_done: Callable[[TaskResult], None]) -> tuple[list[TaskResult],
                                                                                          CallRecorder]:
     wf = label_workflow(config.workflow)
-    register_workflow(url, wf)
+    key = config.api_key if config.server is not None else None
+    if config.server is not None:
+        probe_server(url, key)  # a dead server: one line in seconds, not MetaGPT's minutes of retries
+    register_workflow(url, wf, key)
     recorder = CallRecorder(scaled_clock(clock_scale))
     extra: dict[str, Any] = {"model": config.model} if config.model else {}
+    if key:
+        extra["api_key"] = key
     extra.update(max_tokens_options(config.max_tokens, external=config.server is not None))
     options = RunOptions(base_url=url, workflow=config.workflow, root=config.root,
                          restructure=config.restructure, parse_retries=config.parse_retries, **extra)
     results = await run_tasks(specs, options, recorder, arrivals_s=[a / clock_scale for a in arrivals],
                               on_done=on_done)
-    results = attach_server_view(results, fetch_stats(url))
+    results = attach_server_view(results, fetch_stats(url, api_key=key))
     fixed = []
     for r in results:  # no server JCT (external server without stats): the client's
         if r.jct_s is None:

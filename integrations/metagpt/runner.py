@@ -39,7 +39,7 @@ from .patches import fast_retries
 from .provider import ProviderOptions, TopasOpenAILLM
 from .recorder import CallRecord, CallRecorder
 from .roles import StageMap, describe_error, make_role
-from .sandbox import SandboxContext, make_sandbox
+from .sandbox import SandboxContext, make_sandbox, sandbox_available
 from .server_api import notify_task_done
 from .team_leader import TeamLeader, wire_star
 
@@ -74,6 +74,9 @@ class RunOptions:
             raise ConfigError("--qa applies to the SOP workflow only (the TL team has no QaEngineer)")
         if self.parse_retries is not None and self.parse_retries < 1:
             raise ConfigError(f"parse_retries must be >= 1, got {self.parse_retries}")
+        if self.qa and not sandbox_available():  # generated code never runs unsandboxed
+            raise ConfigError("--qa runs generated code only in a sandbox, which needs a working bubblewrap "
+                              "(`apt-get install bubblewrap`, user namespaces enabled)")
 
     @property
     def rounds(self) -> int:
@@ -199,7 +202,7 @@ async def run_task(spec: TaskSpec, options: RunOptions, recorder: CallRecorder |
     error = await _run_team(t, spec, options, wf)
     wall = time.monotonic() - t0
     if options.notify_server:
-        await notify_task_done(options.base_url, spec.task_id)
+        await notify_task_done(options.base_url, spec.task_id, options.api_key)
     calls = recorder.for_task(spec.task_id)
     per_stage = Counter(r.stage for r in calls)
     prefix: dict[str, int] = {}

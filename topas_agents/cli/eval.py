@@ -6,7 +6,8 @@
 Each policy gets a fresh embedded simulator (echo responder; --rate in tasks per simulated
 second) and the same arrival times; with --server the one external server is measured
 (its policy is whatever it runs; --rate in tasks per wall second). Prints a mean/p99 JCT
-table (failed tasks are counted and excluded from JCT) and writes --json.
+table (failed tasks are counted and excluded from JCT) and writes --json; exit status 1
+if any task failed. With --server, an unreachable server is a one-line error at once.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="number of tasks (default: one per prompt; prompts are cycled)")
     p.add_argument("--trace-dir", metavar="DIR", help="write one trace per policy (DIR/<policy>.jsonl)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--api-key", default=None, metavar="KEY", help="--server's API key (default: $TOPAS_API_KEY)")
     add_common(p)
     p.set_defaults(run=run)
 
@@ -51,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from ..integrations.metagpt.environment import prepare_metagpt
     from ..integrations.metagpt.softwaredev import load_softwaredev
     from .args import write_json
+    from .run import client_api_key
 
     prompts = load_softwaredev(args.limit)
     prepare_metagpt(args.root, log_level="INFO" if args.verbose else "ERROR")
@@ -61,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
                         profile=args.profile, kv_budget=args.kv_budget, seed=args.seed, root=Path(args.root),
                         restructure=not args.no_restructure,
                         parse_retries=args.parse_retries if args.parse_retries is not None else 2,
-                        model=args.model, max_tokens=args.max_tokens)
+                        model=args.model, max_tokens=args.max_tokens,
+                        api_key=client_api_key(args) if args.server else None)
     show = not args.no_progress and sys.stderr.isatty()
     with stdout_to_stderr():
         doc = asyncio.run(evaluate(config, prompts, progress=show,
@@ -72,4 +76,4 @@ def run(args: argparse.Namespace) -> int:
     failed = sum(e["summary"]["failed"] for e in doc["policies"].values())
     if failed:
         print(f"{failed} task(s) failed (see --json for errors)", file=sys.stderr)
-    return 0
+    return 1 if failed else 0  # a failed task is a failed evaluation (like `topas run`)

@@ -2,12 +2,14 @@
 
     topas serve --engine sim [--policy topas] [--workflow chain3] [--time-scale 10]
     topas serve --engine sglang ...   (the SGLang adapter; extra args go to SGLang)
+    topas serve --replicas 4 [--router-policy task] ...   (N replicas behind SGLang's gateway)
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 
 from ..errors import ConfigError
 
@@ -38,7 +40,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="conclude a task after S wall seconds without calls (0: never)")
     p.add_argument("--drain-timeout", type=float, default=10.0, metavar="S",
                    help="on shutdown, let in-flight calls finish for S seconds")
+    p.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (repeatable: "
+                        "one tenant per key; default: $TOPAS_API_KEY if set, else no authentication)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    from ..server.cluster.cli import add_replica_options
+
+    add_replica_options(p)
     p.add_argument("extra_argv", nargs=argparse.REMAINDER,
                    help="after `--`: arguments passed through to SGLang (--engine sglang only)")
     p.set_defaults(run=run)
@@ -53,10 +61,22 @@ def _run_sglang(args: argparse.Namespace, extra: list[str]) -> int:
     return int(launch.main(args, extra) or 0)
 
 
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    """`--api-key` values, else TOPAS_API_KEY (read here, at the CLI edge, only)."""
+    if args.api_key:
+        return tuple(args.api_key)
+    env = os.environ.get("TOPAS_API_KEY", "")
+    return (env,) if env else ()
+
+
 def run(args: argparse.Namespace) -> int:
     extra = list(args.extra_argv or [])
     if extra and extra[0] == "--":
         extra = extra[1:]
+    if args.replicas > 1:  # N replicas behind smg and the Topas front (docs/cluster.md)
+        from ..server.cluster.cli import serve_from_args
+
+        return serve_from_args(args, extra)
     if args.engine == "sglang":
         return _run_sglang(args, extra)
     if extra:
@@ -66,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from ..server.runner import run_server
 
     config = ServerConfig(
+        api_keys=_api_keys(args),
         engine="sim", host=args.host, port=args.port, policy=args.policy,
         policy_options=parse_policy_options(args.policy_opt), profile=args.profile or DEFAULT_PROFILE,
         kv_budget=args.kv_budget, time_scale=args.time_scale, workflows=tuple(args.workflow),
