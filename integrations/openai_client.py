@@ -10,7 +10,8 @@
 
 The label in force (`topas_agents.label`, contextvars) is added to `extra_body["topas"]` and
 as `X-Topas-*` `extra_headers`; caller dicts are copied, never mutated. Calls are retried
-with tenacity on connection errors, timeouts and 5xx answers, never on 4xx. The inner
+with tenacity on connection errors, timeouts and 5xx answers, never on 4xx; a stream that
+breaks mid-way is re-issued once and resumed (`topas_agents.cluster.stream_retry`). The inner
 client's own retries are switched off (`with_options(max_retries=0)`) so there is exactly one
 retry policy. Works with openai 1.x, 2.x and 3.x (only `extra_body`, `extra_headers`,
 `with_options` and the exception classes are used, all stable across those majors).
@@ -31,6 +32,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from topas_agents.cluster.stream_retry import AsyncResumingStream, ResumingStream
 from topas_agents.labels import BODY_KEY, Label, current_label
 
 
@@ -88,12 +90,26 @@ class _Endpoint:
         call_kwargs = with_label(kwargs, self._label_fn())
         if self._async:
             return self._acreate(call_kwargs)
+        result = self._create_once(call_kwargs)
+        if call_kwargs.get("stream"):
+            # A stream cut mid-way (a replica died behind the gateway: no [DONE], or an error
+            # event) is re-issued once, with the same label, and resumed after what was delivered.
+            return ResumingStream(result, lambda: self._create_once(call_kwargs))
+        return result
+
+    def _create_once(self, call_kwargs: dict[str, Any]) -> Any:
         for attempt in Retrying(**self._retrying_kwargs()):
             with attempt:
                 return self._target.create(**call_kwargs)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _acreate(self, call_kwargs: dict[str, Any]) -> Any:
+        result = await self._acreate_once(call_kwargs)
+        if call_kwargs.get("stream"):
+            return AsyncResumingStream(result, lambda: self._acreate_once(call_kwargs))
+        return result
+
+    async def _acreate_once(self, call_kwargs: dict[str, Any]) -> Any:
         async for attempt in AsyncRetrying(**self._retrying_kwargs()):
             with attempt:
                 return await self._target.create(**call_kwargs)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from topas_agents.errors import LabelError
-from topas_agents.labels import BODY_KEY, HEADERS, Label, current_label, label, parse_label
+from topas_agents.labels import BODY_KEY, HEADERS, Label, current_fields, current_label, label, parse_label
 
 FULL = {"task_id": "t1", "stage": "plan", "agent": "pm", "workflow": "sop", "prefix_tokens": 128}
 
@@ -103,11 +103,22 @@ def test_context_label_nests_and_resets() -> None:
 
 
 def test_context_label_validates() -> None:
-    with pytest.raises(LabelError), label(task_id="t", stage="s"):
+    with pytest.raises(LabelError), label(task_id="t", stage=""):
         pass
     with label("t", "s", "a"), pytest.raises(LabelError), label(prefix_tokens=-3):
         pass
-    assert current_label() is None
+    assert current_label() is None and current_fields() == {}
+
+
+def test_partial_label_is_a_task_scope_until_stage_and_agent_arrive() -> None:
+    with label(task_id="t", workflow="w") as scope:
+        assert scope is None and current_label() is None  # calls here go unlabelled
+        assert current_fields() == {"task_id": "t", "workflow": "w"}
+        with label(stage="s", agent="a") as full:
+            assert full == current_label() == Label("t", "s", "a", "w")
+        with label(agent="a") as still_partial:
+            assert still_partial is None and current_fields() == {"task_id": "t", "workflow": "w", "agent": "a"}
+    assert current_fields() == {}
 
 
 async def test_context_labels_are_isolated_between_tasks() -> None:

@@ -78,6 +78,7 @@ def test_ensure_config_writes_only_when_there_is_no_llm_section(tmp_path):
 
 
 def test_cli_config_command(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "nohome"))  # no ~/.metagpt/config2.yaml
     monkeypatch.chdir(tmp_path)
     root = tmp_path / "mg"
     assert main(["metagpt", "config", "--base-url", "http://127.0.0.1:7/v1", "--root", str(root),
@@ -88,6 +89,90 @@ def test_cli_config_command(tmp_path, capsys, monkeypatch):
     assert _files(tmp_path) == {"mg", "mg/config", "mg/config/config2.yaml"}
     assert main(["metagpt", "config", "--base-url", "nope", "--root", str(root)]) == 2
     assert "base-url" in capsys.readouterr().err
+
+
+def _home_with_llm(tmp_path: Path, monkeypatch) -> Path:
+    home = tmp_path / "home"
+    (home / ".metagpt").mkdir(parents=True)
+    (home / ".metagpt" / "config2.yaml").write_text(
+        "llm:\n  api_type: openai\n  base_url: https://home.example/v1\n  api_key: sk-home\n  model: gpt-4\n"
+        "repair_llm_output: true\n")
+    monkeypatch.setenv("HOME", str(home))
+    return home / ".metagpt" / "config2.yaml"
+
+
+def test_cli_config_refuses_when_the_home_config_would_win(tmp_path, capsys, monkeypatch):
+    home_file = _home_with_llm(tmp_path, monkeypatch)
+    root = tmp_path / "mg"
+    assert main(["metagpt", "config", "--base-url", "http://127.0.0.1:7/v1", "--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert str(home_file) in err and "https://home.example/v1" in err and "--home" in err
+    assert not config_path(root).exists()  # nothing written
+    assert main(["metagpt", "config", "--base-url", "http://127.0.0.1:7/v1", "--root", str(root), "--force"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["effective"] is False and out["overridden_by"] == str(home_file)
+    assert read_config(root)["llm"]["base_url"] == "http://127.0.0.1:7/v1"
+
+
+def test_cli_config_home_patches_the_winning_file(tmp_path, capsys, monkeypatch):
+    home_file = _home_with_llm(tmp_path, monkeypatch)
+    assert main(["metagpt", "config", "--base-url", "http://127.0.0.1:7/v1", "--home"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"] == str(home_file) and out["effective"] is True and out["llm"]["api_key"] == "sk-***"
+    data = yaml.safe_load(home_file.read_text())
+    assert data["repair_llm_output"] is True  # other keys kept
+    assert data["llm"] == {"api_type": "openai", "base_url": "http://127.0.0.1:7/v1", "api_key": "sk-home",
+                           "model": "gpt-4"}
+
+
+def _metagpt_default_llm(tmp_path: Path, root: Path, home: Path) -> dict:
+    """MetaGPT's own `Config.default()` in a fresh interpreter (its config loads at import)."""
+    code = ("import json; from metagpt.config2 import Config; c = Config.default();"
+            "print(json.dumps({'base_url': c.llm.base_url, 'model': c.llm.model}))")
+    env = {k: v for k, v in os.environ.items() if k != "AGENTOPS_LOGGING_TO_FILE"}
+    env.update(HOME=str(home), METAGPT_PROJECT_ROOT=str(root), AGENTOPS_LOGGING_TO_FILE="False")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.metagpt
+@pytest.mark.skipif(not metagpt_available(), reason="metagpt is not installed")
+def test_documented_precedence_is_metagpts(tmp_path, monkeypatch, capsys):
+    """The reason for the refusal, checked against MetaGPT itself: the home llm wins whole."""
+    home_file = _home_with_llm(tmp_path, monkeypatch)
+    root = tmp_path / "mg"
+    assert main(["metagpt", "config", "--base-url", "http://127.0.0.1:7/v1", "--root", str(root),
+                 "--model", "qwen", "--force"]) == 0
+    assert _metagpt_default_llm(tmp_path, root, home_file.parent.parent) == {
+        "base_url": "https://home.example/v1", "model": "gpt-4"}
+    assert main(["metagpt", "config", "--base-url", "http://127.0.0.1:7/v1", "--home", "--model", "qwen"]) == 0
+    assert _metagpt_default_llm(tmp_path, root, home_file.parent.parent)["base_url"] == "http://127.0.0.1:7/v1"
+    home_file.unlink()  # no home file: the project config is what MetaGPT uses
+    assert _metagpt_default_llm(tmp_path, root, home_file.parent.parent) == {
+        "base_url": "http://127.0.0.1:7/v1", "model": "qwen"}
+    capsys.readouterr()
+
+
+@pytest.mark.metagpt
+@pytest.mark.skipif(not metagpt_available(), reason="metagpt is not installed")
+def test_plain_metagpt_starts_in_the_installed_venv(tmp_path):
+    """`metagpt --help` and `import metagpt.software_company` (it imports agentops)."""
+    home, root = tmp_path / "home", tmp_path / "root"
+    home.mkdir()
+    write_config(root, "http://127.0.0.1:9/v1")
+    env = {**os.environ, "HOME": str(home), "METAGPT_PROJECT_ROOT": str(root), "AGENTOPS_LOGGING_TO_FILE": "False"}
+    metagpt_cli = Path(sys.executable).with_name("metagpt")
+    out = subprocess.run([str(metagpt_cli), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "idea" in out.stdout.lower()
+    code = "import metagpt.software_company as s; print(callable(s.generate_repo))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True"
 
 
 @pytest.mark.metagpt

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -151,3 +153,16 @@ async def test_async_labels_are_isolated_between_tasks(server):
 def test_rejects_non_openai_client():
     with pytest.raises(TypeError):
         labelled(object())
+
+
+def test_client_import_path_is_light():
+    """Labelling calls needs only the base install: no server, plotting, numpy or MetaGPT."""
+    code = ("import sys, json; import topas_agents;"
+            "from topas_agents.integrations.openai_client import labelled;"
+            "from topas_agents.integrations.httpx_labels import labelled_http_client;"
+            "from topas_agents.integrations.task import task;"
+            "from topas_agents import label;"
+            "heavy = ('fastapi', 'uvicorn', 'starlette', 'matplotlib', 'numpy', 'metagpt', 'tqdm');"
+            "print(json.dumps([m for m in heavy if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

@@ -20,7 +20,7 @@ FAST = ["--time-scale", "400", "--parse-retries", "1"]
 def test_run_sop_prompt_prints_a_json_summary_and_writes_json_and_trace(tmp_path, capsys):
     out, trace = tmp_path / "out.json", tmp_path / "t.jsonl"
     rc = main(["run", "sop", "--prompt", "Create a snake game.", "--root", str(tmp_path / "mg"), "--json", str(out),
-               "--trace", str(trace), *FAST])
+               "--trace", str(trace), "--task-id-prefix", "sop", *FAST])
     captured = capsys.readouterr()
     assert rc == 0, captured.err[-2000:]
     doc = json.loads(captured.out)  # stdout is exactly one JSON document (MetaGPT's prints go to stderr)
@@ -36,10 +36,11 @@ def test_run_sop_prompt_prints_a_json_summary_and_writes_json_and_trace(tmp_path
 
 
 def test_run_tl_dataset(tmp_path, capsys):
-    rc = main(["run", "tl", "--dataset", "softwaredev", "--limit", "1", "--root", str(tmp_path), *FAST])
+    rc = main(["run", "tl", "--dataset", "softwaredev", "--limit", "1", "--root", str(tmp_path),
+               "--task-id-prefix", "tl", *FAST])
     assert rc == 0
     (task,) = json.loads(capsys.readouterr().out)["tasks"]
-    assert task["task_id"] == "sd00" and task["calls"] == 12
+    assert task["task_id"] == "tl-sd00" and task["calls"] == 12
     assert task["stages"][0] == "tl1" and task["stages"][-1] == "tl5"
 
 
@@ -48,7 +49,7 @@ def test_a_failed_task_against_an_external_server_exits_1(tmp_path, capsys):
 
     with embedded_server(responder="lorem", time_scale=400) as handle:  # replies MetaGPT cannot parse
         rc = main(["run", "sop", "--prompt", "Create a snake game.", "--server", handle.url, "--root",
-                   str(tmp_path), "--parse-retries", "1"])
+                   str(tmp_path), "--parse-retries", "1", "--task-id-prefix", "sop"])
     captured = capsys.readouterr()
     assert rc == 1
     (task,) = json.loads(captured.out)["tasks"]
@@ -79,3 +80,46 @@ def test_max_tokens_flag_maps_to_run_options():
     assert max_tokens_options(512, external=False) == {"send_max_tokens": True, "max_tokens": 512}
     with pytest.raises(ConfigError):
         max_tokens_options(-1, external=False)
+
+
+def _dead_url() -> str:
+    """A loopback URL nothing listens on."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_a_dead_server_is_a_one_line_error_before_any_call(tmp_path, capsys):
+    rc = main(["run", "sop", "--prompt", "Create a snake game.", "--server", _dead_url(), "--root", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cannot reach the server" in err
+    assert "Traceback" not in err
+
+
+def test_a_server_refusing_the_key_is_a_one_line_error(tmp_path, capsys):
+    from topas_agents.server import ServerConfig, start_server_in_thread
+
+    with start_server_in_thread(ServerConfig(api_keys=("secret-key",), time_scale=400)) as handle:
+        rc = main(["run", "sop", "--prompt", "x", "--server", handle.url, "--root", str(tmp_path)])
+        assert rc == 2 and "refused the API key" in capsys.readouterr().err
+        rc = main(["run", "sop", "--prompt", "Create a snake game.", "--server", handle.url, "--root", str(tmp_path),
+                   "--api-key", "secret-key", "--parse-retries", "1", "--task-id-prefix", "sop"])
+        captured = capsys.readouterr()
+        assert rc == 0, captured.err[-2000:]
+        (task,) = json.loads(captured.out)["tasks"]
+        assert task["success"] and task["calls"] == 7
+        stats = handle.service.tracker  # the server saw the task under the key's namespace, done by the client
+        assert any(t.endswith("/sop-0") and s.done_reason == "explicit" for t, s in stats.finished.items())
+
+
+def test_two_runs_get_distinct_task_ids(tmp_path, capsys):
+    ids = []
+    for i in range(2):
+        rc = main(["run", "sop", "--prompt", "Create a snake game.", "--root", str(tmp_path / str(i)), *FAST])
+        assert rc == 0
+        (task,) = json.loads(capsys.readouterr().out)["tasks"]
+        ids.append(task["task_id"])
+    assert ids[0] != ids[1] and all(t.startswith("sop-") and t.endswith("-0") for t in ids)

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
+import reprlib
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
+from types import MappingProxyType
 from typing import Any
 
 from .errors import LabelError
@@ -29,6 +32,18 @@ HEADERS = {
     "prefix_tokens": "X-Topas-Prefix-Tokens",
 }
 _MAX_ID = 256
+# Larger than any KV budget; also bounds the digits int() parses (a 5000-digit header raised).
+MAX_PREFIX_TOKENS = 2**31 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clip(value: Any) -> str:
+    """User input in an error message: short and valid Unicode (never echoed at length)."""
+    try:
+        text = reprlib.repr(value)
+    except ValueError:  # an int of more than 4300 digits
+        text = "a huge integer"
+    return _SURROGATE.sub("?", text)[:80]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +73,8 @@ def _text(data: Mapping[str, Any], key: str, required: bool) -> str | None:
         raise LabelError(key, "must not be empty")
     if len(value) > _MAX_ID:
         raise LabelError(key, f"longer than {_MAX_ID} characters")
+    if _SURROGATE.search(value):
+        raise LabelError(key, "contains a lone UTF-16 surrogate (invalid Unicode)")
     return value
 
 
@@ -65,26 +82,33 @@ def _prefix_tokens(value: Any) -> int | None:
     if value is None:
         return None
     # ASCII digits only: str.isdigit() accepts e.g. '²', which int() then rejects
-    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise LabelError("prefix_tokens", f"must be an integer >= 0, got {value!r}")
+    digits = value.strip() if isinstance(value, str) else ""
+    if digits.isascii() and digits.isdigit() and len(digits) <= len(str(MAX_PREFIX_TOKENS)):
+        value = int(digits)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PREFIX_TOKENS:
+        raise LabelError("prefix_tokens", f"must be an integer >= 0 and <= {MAX_PREFIX_TOKENS}, "
+                                          f"got {_clip(value)}")
     return value
 
 
-def label_from_mapping(data: Any) -> Label:
+REQUIRED = ("task_id", "stage", "agent")
+
+
+def label_fields(data: Any, *, complete: bool = True) -> dict[str, Any]:
+    """The validated, non-None fields of a label mapping; `complete=False` accepts a partial
+    label (a task scope without stage/agent: `label(task_id=...)`, `task(...)`)."""
     if not isinstance(data, Mapping):
         raise LabelError(BODY_KEY, f"must be an object, got {type(data).__name__}")
-    unknown = sorted(set(data) - set(HEADERS))
+    unknown = sorted(str(k) for k in set(data) - set(HEADERS))
     if unknown:
-        raise LabelError(unknown[0], "unknown field")
-    return Label(
-        task_id=_text(data, "task_id", True),  # type: ignore[arg-type]
-        stage=_text(data, "stage", True),  # type: ignore[arg-type]
-        agent=_text(data, "agent", True),  # type: ignore[arg-type]
-        workflow=_text(data, "workflow", False),
-        prefix_tokens=_prefix_tokens(data.get("prefix_tokens")),
-    )
+        raise LabelError(_clip(unknown[0])[1:-1], "unknown field")
+    fields = {key: _text(data, key, complete and key in REQUIRED) for key in (*REQUIRED, "workflow")}
+    fields["prefix_tokens"] = _prefix_tokens(data.get("prefix_tokens"))
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def label_from_mapping(data: Any) -> Label:
+    return Label(**label_fields(data))
 
 
 def label_from_headers(headers: Mapping[str, str]) -> Label | None:
@@ -104,30 +128,38 @@ def parse_label(body: Mapping[str, Any] | None, headers: Mapping[str, str] | Non
 
 # ---------------------------------------------------------------------------- context
 
-_CURRENT: contextvars.ContextVar[Label | None] = contextvars.ContextVar("topas_label", default=None)
+# The fields in force: possibly partial (a task scope set by the runner or `task()` before a
+# role supplies stage and agent). Immutable mappings only, so a context never shares state.
+_CURRENT: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("topas_label", default=None)
+
+
+def current_fields() -> dict[str, Any]:
+    """The label fields in force in this context, complete or not ({} outside any label)."""
+    return dict(_CURRENT.get() or {})
 
 
 def current_label() -> Label | None:
-    """The label in force in this context (thread / asyncio task), if any."""
-    return _CURRENT.get()
+    """The complete label in force in this context (thread / asyncio task): None outside any
+    label, and while task_id, stage or agent is still missing (such calls go unlabelled)."""
+    fields = _CURRENT.get() or {}
+    return Label(**fields) if all(k in fields for k in REQUIRED) else None
 
 
 @contextlib.contextmanager
 def label(task_id: str | None = None, stage: str | None = None, agent: str | None = None,
-          workflow: str | None = None, prefix_tokens: int | None = None) -> Iterator[Label]:
+          workflow: str | None = None, prefix_tokens: int | None = None) -> Iterator[Label | None]:
     """Label every LLM call made inside the block. Fields left None inherit the enclosing label.
 
-    Uses contextvars, so it follows asyncio tasks created inside the block and is isolated
-    between concurrent tasks.
+    A partial label is valid (e.g. `label(task_id="t1")` around a framework whose roles add
+    stage and agent); calls made while task_id, stage or agent is missing go unlabelled.
+    Yields the complete label, or None while it is partial. Uses contextvars, so it follows
+    asyncio tasks created inside the block and is isolated between concurrent tasks.
     """
-    outer = _CURRENT.get()
     given = {"task_id": task_id, "stage": stage, "agent": agent, "workflow": workflow,
              "prefix_tokens": prefix_tokens}
-    given = {k: v for k, v in given.items() if v is not None}
-    new = replace(outer, **given) if outer is not None else label_from_mapping(given)
-    label_from_mapping(new.to_body())  # validate the merged label
-    token = _CURRENT.set(new)
+    merged = {**(_CURRENT.get() or {}), **{k: v for k, v in given.items() if v is not None}}
+    token = _CURRENT.set(MappingProxyType(label_fields(merged, complete=False)))
     try:
-        yield new
+        yield current_label()
     finally:
         _CURRENT.reset(token)

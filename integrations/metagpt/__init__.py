@@ -13,6 +13,7 @@ Modules (see docs/integrations.md):
 - `layout`: per-agent static prefix first (prompt restructuring; pure text, no MetaGPT).
 - `provider`: `TopasOpenAILLM`, the labelling LLM provider; `metagpt_context`.
 - `roles`, `team_leader`: labelled SOP roles and the project-defined TeamLeader star.
+- `stock`: `enable(base_url=...)`, one call that labels a stock MetaGPT script (reversible hooks).
 - `patches`: the one reversible patch (MetaGPT's retry/wait settings, for fast failure).
 - `recorder`: per-call records and JSONL traces; `runner`: tasks as MetaGPT Team runs.
 - `softwaredev`: the SoftwareDev prompts; `evaluation`: Poisson-arrival evaluation.
@@ -35,6 +36,8 @@ _LAZY = {
     "register_topas_provider": "provider",
     "metagpt_context": "context",
     "fast_retries": "patches",
+    "enable": "stock",
+    "StockNames": "stock",
     "CallRecorder": "recorder",
     "RunOptions": "runner",
     "TaskSpec": "runner",

@@ -4,6 +4,12 @@ MetaGPT 0.8.2 reads `<METAGPT_PROJECT_ROOT>/config/config2.yaml` at import time 
 to import without an `llm:` section. `write_config` creates that file or patches only the
 `llm` keys it is given, keeping every other key (and other `llm` keys) as they were.
 No MetaGPT import here.
+
+Precedence (MetaGPT's `Config.default()`): environment variables < `<root>/config/config2.yaml`
+< `~/.metagpt/config2.yaml`, merged per TOP-LEVEL key: an `llm` section in the home file
+replaces the project's whole `llm` section. So a project config is only effective where the
+home file has no `llm`; `home_overrides` says which written keys the home file would replace
+(`topas metagpt config` refuses then, or patches the home file with `--home`).
 """
 
 from __future__ import annotations
@@ -27,9 +33,25 @@ def config_path(root: str | Path) -> Path:
     return Path(root) / "config" / "config2.yaml"
 
 
+def home_config_path() -> Path:
+    """MetaGPT's per-user config (`metagpt.const.CONFIG_ROOT / "config2.yaml"`), read last."""
+    return Path.home() / ".metagpt" / "config2.yaml"
+
+
 def read_config(root: str | Path) -> dict[str, Any]:
     """The config mapping under `root` ({} when there is no file)."""
-    path = config_path(root)
+    return read_config_file(config_path(root))
+
+
+def home_overrides(keys: tuple[str, ...] = ("llm",), home: Path | None = None) -> dict[str, Any]:
+    """The top-level `keys` that the home config defines, with its values: MetaGPT loads it
+    after the project config, so each of these replaces the project's value whole."""
+    data = read_config_file(home or home_config_path())
+    return {k: data[k] for k in keys if k in data}
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The config mapping in `path` ({} when there is no file)."""
     if not path.exists():
         return {}
     try:
@@ -51,12 +73,16 @@ def _check_url(base_url: str) -> str:
 
 def write_config(root: str | Path, base_url: str, model: str | None = None,
                  api_key: str | None = None) -> Path:
-    """Create or patch `<root>/config/config2.yaml`; returns its path.
+    """Create or patch `<root>/config/config2.yaml`; returns its path. See `write_config_file`."""
+    return write_config_file(config_path(root), base_url, model=model, api_key=api_key)
+
+
+def write_config_file(path: Path, base_url: str, model: str | None = None, api_key: str | None = None) -> Path:
+    """Create or patch the config file `path`; returns it.
 
     Patched: `llm.api_type` (openai), `llm.base_url`, and `llm.model` / `llm.api_key` when
     given (or when missing: defaults). A new `llm` section also gets `stream: false`."""
-    path = config_path(root)
-    data = read_config(root)
+    data = read_config_file(path)
     llm = data.get("llm")
     if llm is not None and not isinstance(llm, dict):
         raise ConfigError(f"{path}: 'llm' must be a mapping, got {type(llm).__name__}")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from topas_agents.errors import ConfigError
 
-from .config_file import DEFAULT_ROOT, ensure_config
+from .config_file import DEFAULT_ROOT, ensure_config, home_config_path, home_overrides
 
 log = logging.getLogger("topas.metagpt")
 
@@ -77,6 +77,11 @@ def prepare_metagpt(root: str | Path = DEFAULT_ROOT, *, log_level: str = "WARNIN
             log.warning("metagpt already imported with root %s; keeping it (asked for %s)", active, root)
         return MetaGPTRuntime(active, ensure_config(active), _version())
     config_file = ensure_config(root)
+    if home_overrides():
+        # our runs build their own Config per run, but MetaGPT's import-time global one (used by
+        # `Context()` without a config, e.g. stock scripts) takes llm from the home file
+        log.warning("%s has an 'llm' section: it overrides %s for MetaGPT's global config",
+                    home_config_path(), config_file)
     os.environ["METAGPT_PROJECT_ROOT"] = str(root)
     os.environ.setdefault("AGENTOPS_LOGGING_TO_FILE", "False")
     from metagpt.logs import define_log_level

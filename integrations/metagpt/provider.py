@@ -80,6 +80,10 @@ class TopasOpenAILLM(OpenAILLM):
             kwargs["max_retries"] = self.topas_options.client_max_retries
         return kwargs
 
+    def topas_label(self) -> Label | None:
+        """The label for a request made now (the stock-role hook in `stock.py` overrides it)."""
+        return current_label()
+
     def shape(self, messages: list[dict]) -> Shaped:
         return restructure(messages) if self.topas_options.restructure else keep(messages)
 
@@ -88,7 +92,7 @@ class TopasOpenAILLM(OpenAILLM):
         kwargs = super()._cons_kwargs(shaped.messages, timeout=timeout, **extra_kwargs)
         if not self.topas_options.send_max_tokens:
             kwargs.pop("max_tokens", None)
-        lab = current_label()
+        lab = self.topas_label()
         if lab is not None:
             lab = replace(lab, prefix_tokens=shaped.prefix_tokens)
         _SENT.set(SentCall(lab, shaped))

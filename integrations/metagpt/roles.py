@@ -28,7 +28,8 @@ from metagpt.schema import Message
 from metagpt.utils.common import any_to_str
 
 from topas_agents.errors import ConfigError
-from topas_agents.labels import current_label, label
+from topas_agents.integrations.task import fields_in_force
+from topas_agents.labels import label
 from topas_agents.workflow import Workflow
 
 # role key -> stage name in the built-in MetaGPT workloads
@@ -77,7 +78,7 @@ class LabelledRole(Role):
 
     async def run(self, with_message: Any = None) -> Message | None:
         try:
-            if current_label() is None:  # not inside a labelled task: leave calls unlabelled
+            if "task_id" not in fields_in_force():  # not inside a labelled task: leave calls unlabelled
                 return await super().run(with_message)
             with label(stage=self.topas_stage, agent=self.topas_agent):
                 return await super().run(with_message)

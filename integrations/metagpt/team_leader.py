@@ -41,7 +41,8 @@ from metagpt.roles import Role
 from metagpt.schema import Message
 from metagpt.utils.common import any_to_str
 
-from topas_agents.labels import current_label, label
+from topas_agents.integrations.task import fields_in_force
+from topas_agents.labels import label
 
 from .roles import LabelledRole
 
@@ -127,7 +128,7 @@ class TeamLeader(LabelledRole):
         hop, next_name, cause = ROUTE[msg.cause_by]
         if hop == 1:
             self.requirement = msg.content
-        labelled = current_label() is not None
+        labelled = "task_id" in fields_in_force()
         with label(stage=self._stage(hop), agent=self.topas_agent) if labelled else contextlib.nullcontext():
             review = await self.rc.todo.run(self.requirement, msg, next_name)
         self.reviews.append(review)

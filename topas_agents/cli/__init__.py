@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "eval": "topas_agents.cli.eval",
     "metagpt": "topas_agents.cli.metagpt",
     "docs": "topas_agents.cli.docs",
+    "calibrate": "topas_agents.cli.calibrate",
 }
 
 

@@ -1,16 +1,25 @@
 """`topas metagpt config`: write or patch MetaGPT's config2.yaml under a project root.
 
     topas metagpt config --base-url http://127.0.0.1:8000/v1 [--root .topas/metagpt]
-                         [--model NAME] [--api-key KEY]
+                         [--model NAME] [--api-key KEY] [--home | --force]
 
 Only `<root>/config/config2.yaml` is written; other keys in it are kept. Point MetaGPT at it
 with `METAGPT_PROJECT_ROOT=<root>` (or `prepare_metagpt(root)` in code).
+
+Precedence: MetaGPT merges environment < <root>/config/config2.yaml < ~/.metagpt/config2.yaml
+per top-level key, so an `llm` section in ~/.metagpt/config2.yaml replaces the written one
+whole. The command refuses then (exit 2): remove that section, or pass --home to patch
+~/.metagpt/config2.yaml itself (the file that wins), or --force to write the project file anyway.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+from typing import Any
+
+from topas_agents.errors import ConfigError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,16 +31,48 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--root", default=".topas/metagpt", help="MetaGPT project root (default .topas/metagpt)")
     c.add_argument("--model", default=None, help="model name (default: keep, else topas-sim)")
     c.add_argument("--api-key", default=None, help="API key (default: keep, else a local placeholder)")
+    where = c.add_mutually_exclusive_group()
+    where.add_argument("--home", action="store_true",
+                       help="patch ~/.metagpt/config2.yaml instead (it overrides every project config)")
+    where.add_argument("--force", action="store_true",
+                       help="write the project config even though ~/.metagpt/config2.yaml overrides its llm")
     c.set_defaults(run=run)
     p.set_defaults(run=lambda args: (p.print_help(), 2)[1])
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..integrations.metagpt.config_file import read_config, write_config
-
-    path = write_config(args.root, args.base_url, model=args.model, api_key=args.api_key)
-    llm = dict(read_config(args.root)["llm"])
+def _shown(llm: dict[str, Any]) -> dict[str, Any]:
+    llm = dict(llm)
     if llm.get("api_key"):
-        llm["api_key"] = llm["api_key"][:3] + "***"
-    print(json.dumps({"config": str(path), "llm": llm}, indent=2))
+        llm["api_key"] = str(llm["api_key"])[:3] + "***"  # never echo a key
+    return llm
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..integrations.metagpt.config_file import (
+        config_path,
+        home_config_path,
+        home_overrides,
+        read_config_file,
+        write_config_file,
+    )
+
+    home = home_config_path()
+    if args.home:
+        path = write_config_file(home, args.base_url, model=args.model, api_key=args.api_key)
+        out = {"config": str(path), "llm": _shown(read_config_file(path)["llm"]), "effective": True}
+        print(json.dumps(out, indent=2))
+        return 0
+    shadow = home_overrides(home=home)
+    if shadow and not args.force:
+        other = shadow["llm"].get("base_url") if isinstance(shadow["llm"], dict) else None
+        raise ConfigError(f"{home} has an 'llm' section (base_url {other!r}); MetaGPT reads it after "
+                          f"{config_path(args.root)} and it replaces the whole llm section, so "
+                          "--base-url would not take effect: remove that section, or use --home to patch it, "
+                          "or --force to write the project config anyway")
+    path = write_config_file(config_path(args.root), args.base_url, model=args.model, api_key=args.api_key)
+    out = {"config": str(path), "llm": _shown(read_config_file(path)["llm"]), "effective": not shadow,
+           "needs": f"METAGPT_PROJECT_ROOT={Path(args.root).resolve()}"}
+    if shadow:
+        out["overridden_by"] = str(home)
+    print(json.dumps(out, indent=2))
     return 0

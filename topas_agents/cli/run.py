@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
+import uuid
 from typing import Any
 
 from ..errors import ConfigError
@@ -39,29 +41,53 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="SOP: hire the QaEngineer; its code runs only in a sandbox (no pip installs)")
     p.add_argument("--no-code-review", action="store_true", help="Engineer without WriteCodeReview")
     p.add_argument("--trace", metavar="OUT.jsonl", help="record every call as a trace (topas bench --trace)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="--server's API key (default: $TOPAS_API_KEY)")
+    p.add_argument("--task-id-prefix", metavar="P", default=None,
+                   help="task ids are P-0 (--prompt) or P-<dataset id> (default: <workflow>-<random hex>, unique "
+                   "per run, so repeated runs against one --server never reuse a finished task's id)")
     add_common(p)
     p.set_defaults(run=run)
+
+
+def client_api_key(args: argparse.Namespace) -> str | None:
+    """`--api-key`, else TOPAS_API_KEY (read here, at the CLI edge, only)."""
+    return getattr(args, "api_key", None) or os.environ.get("TOPAS_API_KEY") or None
+
+
+def _task_id_prefix(args: argparse.Namespace) -> str:
+    """A server closes a task for good once it is done (a later call for it gets 409), so
+    every run gets fresh ids unless the caller names them."""
+    if args.task_id_prefix is not None:
+        if not args.task_id_prefix.strip():
+            raise ConfigError("--task-id-prefix must not be empty")
+        return args.task_id_prefix
+    return f"{args.workflow}-{uuid.uuid4().hex[:8]}"
 
 
 def _specs(args: argparse.Namespace) -> list[Any]:
     from ..integrations.metagpt.runner import TaskSpec
     from ..integrations.metagpt.softwaredev import load_softwaredev
 
+    prefix = _task_id_prefix(args)
     if args.prompt is not None:
         if not args.prompt.strip():
             raise ConfigError("--prompt must not be empty")
         if args.limit is not None:
             raise ConfigError("--limit applies to --dataset only")
-        return [TaskSpec(f"{args.workflow}-0", args.prompt)]
-    return [TaskSpec(p.task_id, p.prompt, p.name) for p in load_softwaredev(args.limit)]
+        return [TaskSpec(f"{prefix}-0", args.prompt)]
+    return [TaskSpec(f"{prefix}-{p.task_id}", p.prompt, p.name) for p in load_softwaredev(args.limit)]
 
 
 def _options(args: argparse.Namespace, url: str) -> Any:
     from ..integrations.metagpt.cli_support import max_tokens_options
     from ..integrations.metagpt.runner import RunOptions
 
-    extra = {"model": args.model} if args.model else {}
+    extra: dict[str, Any] = {"model": args.model} if args.model else {}
     extra.update(max_tokens_options(args.max_tokens, external=args.server is not None))
+    key = client_api_key(args) if args.server else None
+    if key:
+        extra["api_key"] = key
     return RunOptions(base_url=url, workflow=args.workflow, root=args.root, restructure=not args.no_restructure,
                       code_review=not args.no_code_review, qa=args.qa, parse_retries=args.parse_retries, **extra)
 
@@ -69,13 +95,15 @@ def _options(args: argparse.Namespace, url: str) -> Any:
 async def _run(args: argparse.Namespace, url: str, scale: float) -> tuple[list[Any], Any]:
     from ..integrations.metagpt.recorder import CallRecorder, scaled_clock
     from ..integrations.metagpt.runner import attach_server_view, label_workflow, run_tasks
-    from ..integrations.metagpt.server_api import fetch_stats, register_workflow
+    from ..integrations.metagpt.server_api import fetch_stats, probe_server, register_workflow
 
     options = _options(args, url)
-    register_workflow(url, label_workflow(options.workflow, options.qa))
+    if args.server:
+        probe_server(url, options.api_key)  # a dead server: one line in seconds, not minutes of retries
+    register_workflow(url, label_workflow(options.workflow, options.qa), options.api_key)
     recorder = CallRecorder(scaled_clock(scale))
     results = await run_tasks(_specs(args), options, recorder)
-    return attach_server_view(results, fetch_stats(url)), recorder
+    return attach_server_view(results, fetch_stats(url, api_key=options.api_key)), recorder
 
 
 def run(args: argparse.Namespace) -> int:

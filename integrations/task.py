@@ -1,0 +1,156 @@
+"""`task(...)`: one labelled task scope that tells the server when the task is over.
+
+    from topas_agents.integrations.task import task
+
+    with task(base_url="http://127.0.0.1:8000/v1", task_id="t1"):      # or `async with`
+        with label(stage="plan", agent="planner"):
+            client.chat.completions.create(...)
+    # on exit: POST /v1/topas/tasks/t1/done, so the task's JCT ends at its last call
+
+A task labelled without a registered workflow is otherwise only concluded by the server's
+idle timeout (300 s by default) or an explicit done call; with a workflow the server infers
+the end, and the done call is harmless. The scope is a partial label (task_id, workflow):
+inner `label(stage=..., agent=...)` blocks or framework roles supply the rest.
+
+Light: imports httpx and the label module only (no server, no MetaGPT).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from topas_agents import labels
+from topas_agents.errors import ConfigError
+
+log = logging.getLogger("topas.task")
+DONE_TIMEOUT_S = 10.0  # the done call is one small POST; a stuck server must not hang the exit
+
+
+@dataclass(frozen=True, slots=True)
+class TaskHandle:
+    task_id: str
+    base_url: str | None  # None: no done call (the server infers the end or times out)
+    workflow: str | None = None
+
+
+def fields_in_force() -> dict[str, Any]:
+    """The label fields in force, complete or partial (task scope only)."""
+    # `labels.current_fields` comes with the partial-label change; before it, only complete
+    # labels exist and a task scope is never partial.
+    fn = getattr(labels, "current_fields", None)
+    if fn is not None:
+        return fn()
+    lab = labels.current_label()
+    return lab.to_body() if lab is not None else {}
+
+
+def server_root(base_url: str) -> str:
+    """`http://h:p/v1` -> `http://h:p` (the /v1/topas/* paths hang off the root)."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def done_url(base_url: str, task_id: str) -> str:
+    return f"{server_root(base_url)}/v1/topas/tasks/{quote(task_id, safe='')}/done"
+
+
+def _report(task_id: str, rsp: httpx.Response | None, exc: Exception | None) -> bool:
+    """True if the server closed the task; anything else is a warning, never an exception
+    (the block's own outcome matters more, and plain vLLM/SGLang have no such endpoint)."""
+    if exc is not None:
+        log.warning("task-done for %s failed: %s", task_id, exc)
+        return False
+    assert rsp is not None
+    if rsp.status_code == 404:
+        log.warning("task-done for %s: the server has no such task or no done endpoint", task_id)
+    elif rsp.status_code >= 400:
+        log.warning("task-done for %s: HTTP %s %s", task_id, rsp.status_code, rsp.text[:200])
+    return rsp.status_code < 400
+
+
+def close_task(base_url: str, task_id: str) -> bool:
+    """POST the task-done call (sync); True if the server accepted it."""
+    try:
+        rsp = httpx.post(done_url(base_url, task_id), timeout=DONE_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return _report(task_id, None, exc)
+    return _report(task_id, rsp, None)
+
+
+async def aclose_task(base_url: str, task_id: str) -> bool:
+    """POST the task-done call (async); True if the server accepted it."""
+    try:
+        async with httpx.AsyncClient(timeout=DONE_TIMEOUT_S) as client:
+            rsp = await client.post(done_url(base_url, task_id))
+    except httpx.HTTPError as exc:
+        return _report(task_id, None, exc)
+    return _report(task_id, rsp, None)
+
+
+def base_url_of(client: Any) -> str:
+    """The base URL of an openai client (or of a `labelled(...)` wrapper around one)."""
+    inner = getattr(client, "raw", client)
+    url = getattr(inner, "base_url", None)
+    if url is None:
+        raise ConfigError(f"cannot find a base_url on {type(client).__name__}")
+    return str(url)
+
+
+def new_task_id(prefix: str = "task") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+class task:  # noqa: N801 - used like a function: `with task(...)`, `async with task(...)`
+    """A task scope: labels calls inside with `task_id` (+ `workflow`), closes the task on exit.
+
+    `base_url` (or `client`, an openai client) says where to send the done call; with
+    neither, nothing is sent. `task_id` defaults to a fresh unique id (see `.handle`).
+    `close=False` keeps the label scope but sends nothing. Re-entering is an error."""
+
+    def __init__(self, task_id: str | None = None, *, base_url: str | None = None, client: Any = None,
+                 workflow: str | None = None, close: bool = True) -> None:
+        if base_url is not None and client is not None:
+            raise ConfigError("task(): give base_url or client, not both")
+        url = base_url if client is None else base_url_of(client)
+        self.handle = TaskHandle(task_id or new_task_id(), url if close else None, workflow)
+        self._scope: contextlib.AbstractContextManager[Any] | None = None
+
+    def _enter(self) -> TaskHandle:
+        if self._scope is not None:
+            raise ConfigError(f"task {self.handle.task_id!r} is already entered")
+        scope = labels.label(task_id=self.handle.task_id, workflow=self.handle.workflow)
+        scope.__enter__()
+        self._scope = scope
+        return self.handle
+
+    def _exit(self, exc: tuple[Any, Any, Any]) -> None:
+        scope, self._scope = self._scope, None
+        assert scope is not None
+        scope.__exit__(*exc)
+
+    def __enter__(self) -> TaskHandle:
+        return self._enter()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._exit((et, ev, tb))
+        if self.handle.base_url is not None:
+            close_task(self.handle.base_url, self.handle.task_id)
+
+    async def __aenter__(self) -> TaskHandle:
+        return self._enter()
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self._exit((et, ev, tb))
+        if self.handle.base_url is not None:
+            await aclose_task(self.handle.base_url, self.handle.task_id)
+

@@ -1,0 +1,198 @@
+"""The httpx-level label hook and the `task()` scope against the embedded simulator server,
+with plain httpx clients and with `openai` clients built the way LangChain, AutoGen and
+LiteLLM/CrewAI build theirs (`http_client=` an httpx client we made)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from topas_agents import label
+from topas_agents.errors import ConfigError
+from topas_agents.integrations import httpx_labels as hl
+from topas_agents.integrations.openai_client import labelled
+from topas_agents.integrations.task import close_task, done_url, fields_in_force, task
+from topas_agents.server import ServerConfig, start_server_in_thread
+
+MSG = [{"role": "system", "content": "You are the planner."}, {"role": "user", "content": "plan a todo app"}]
+
+
+def _partial_labels_supported() -> bool:
+    try:
+        with label(task_id="probe"):
+            return True
+    except Exception:
+        return False
+
+
+needs_partial = pytest.mark.skipif(not _partial_labels_supported(),
+                                   reason="needs partial labels (labels.py change proposed in H7's report)")
+
+
+@pytest.fixture(scope="module")
+def server():
+    # idle timeout off: a task without a workflow only ends by an explicit done call
+    handle = start_server_in_thread(ServerConfig(time_scale=200.0, policy="topas", task_idle_timeout_s=0.0))
+    yield handle
+    handle.stop()
+
+
+def _stats(server) -> dict:
+    return httpx.get(f"{server.base_url}/v1/topas/stats", timeout=10).json()
+
+
+def _calls(server, task_id: str) -> list[dict]:
+    return [c for c in _stats(server)["calls"] if c["task_id"] == task_id]
+
+
+def _task(server, task_id: str) -> dict:
+    return next(t for t in _stats(server)["tasks"]["items"] if t["task_id"] == task_id)
+
+
+def test_transport_adds_body_and_headers_to_openai_http_client(server):
+    # LangChain: ChatOpenAI(http_client=...) passes it to openai.OpenAI(http_client=...)
+    client = openai.OpenAI(base_url=server.url, api_key="x", http_client=hl.labelled_http_client(timeout=30))
+    with label(task_id="lc-1", stage="plan", agent="planner"):
+        client.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+    [call] = _calls(server, "lc-1")
+    assert (call["stage"], call["agent"], call["label_source"]) == ("plan", "planner", "body")
+
+
+def test_unlabelled_request_is_sent_unchanged(server):
+    seen: list[httpx.Request] = []
+    http = hl.labelled_http_client(timeout=30, event_hooks={"request": [seen.append]})
+    client = openai.OpenAI(base_url=server.url, api_key="x", http_client=http)
+    client.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+    assert not any(k.lower().startswith("x-topas") for k in seen[-1].headers)
+    rid = _stats(server)["calls"][-1]
+    assert rid["label_source"] == "none"
+
+
+def test_event_hook_adds_headers_only(server):
+    http = httpx.Client(event_hooks={"request": [hl.add_label_headers]}, timeout=30)
+    with label(task_id="hook-1", stage="code", agent="coder"):
+        rsp = http.post(f"{server.url}/chat/completions", json={"model": "m", "messages": MSG, "max_tokens": 8})
+    assert rsp.status_code == 200
+    [call] = _calls(server, "hook-1")
+    assert (call["stage"], call["agent"], call["label_source"]) == ("code", "coder", "headers")
+
+
+def test_explicit_label_on_the_request_wins(server):
+    http = hl.labelled_http_client(timeout=30)
+    body = {"model": "m", "messages": MSG, "max_tokens": 8,
+            "topas": {"task_id": "mine-1", "stage": "s", "agent": "a"}}
+    with label(task_id="ctx-1", stage="plan", agent="planner"):
+        assert http.post(f"{server.url}/chat/completions", json=body).status_code == 200
+    assert _calls(server, "mine-1") and not _calls(server, "ctx-1")
+
+
+def test_composes_with_labelled_wrapper_without_conflict(server):
+    http = hl.labelled_http_client(timeout=30)
+    client = labelled(openai.OpenAI(base_url=server.url, api_key="x", http_client=http))
+    with label(task_id="both-1", stage="plan", agent="planner"):
+        client.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+    assert len(_calls(server, "both-1")) == 1
+
+
+def test_non_json_and_get_requests_pass_through():
+    lab = hl.Label("t", "s", "a")
+    req = httpx.Request("POST", "http://x/v1/files", content=b"raw bytes", headers={"content-type": "text/plain"})
+    out = hl.label_request(req, lab)
+    assert out.content == b"raw bytes" and out.headers["x-topas-task-id"] == "t"
+    get = hl.label_request(httpx.Request("GET", "http://x/v1/models"), lab)
+    assert get.headers["x-topas-stage"] == "s"
+    array = httpx.Request("POST", "http://x", json=[1, 2])
+    assert hl.label_request(array, lab).content == array.content
+
+
+def test_transport_options_reach_the_inner_transport():
+    http = hl.labelled_http_client(verify=False, limits=httpx.Limits(max_connections=3))
+    inner = http._transport._inner  # noqa: SLF001 - the wrapped default transport
+    assert isinstance(http._transport, hl.LabelTransport) and isinstance(inner, httpx.HTTPTransport)
+    assert inner._pool._max_connections == 3  # noqa: SLF001
+
+
+async def test_async_transport_isolates_concurrent_labels(server):
+    # AutoGen / LiteLLM async paths: openai.AsyncOpenAI(http_client=httpx.AsyncClient(...))
+    client = openai.AsyncOpenAI(base_url=server.url, api_key="x",
+                                http_client=hl.labelled_async_http_client(timeout=30))
+
+    async def one(i: int) -> None:
+        with label(task_id=f"async-{i}", stage=f"s{i}", agent=f"a{i % 2}"):
+            await asyncio.sleep(0.001 * (4 - i))
+            await client.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+
+    await asyncio.gather(*(one(i) for i in range(4)))
+    for i in range(4):
+        [call] = _calls(server, f"async-{i}")
+        assert (call["stage"], call["agent"], call["label_source"]) == (f"s{i}", f"a{i % 2}", "body")
+
+
+async def test_async_event_hook(server):
+    http = httpx.AsyncClient(event_hooks={"request": [hl.aadd_label_headers]}, timeout=30)
+    with label(task_id="ahook-1", stage="plan", agent="planner"):
+        await http.post(f"{server.url}/chat/completions", json={"model": "m", "messages": MSG, "max_tokens": 8})
+    assert _calls(server, "ahook-1")[0]["label_source"] == "headers"
+
+
+# ------------------------------------------------------------------------------- task()
+
+def test_done_url_quotes_the_task_id():
+    assert done_url("http://h:1/v1/", "a b/c") == "http://h:1/v1/topas/tasks/a%20b%2Fc/done"
+
+
+@needs_partial
+def test_task_scope_labels_calls_and_closes_the_task(server):
+    client = labelled(openai.OpenAI(base_url=server.url, api_key="x"))
+    with task(task_id="scope-1", client=client) as handle:
+        assert fields_in_force() == {"task_id": "scope-1"}
+        for stage, agent in (("plan", "planner"), ("code", "coder")):
+            with label(stage=stage, agent=agent):
+                client.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+        assert not _task(server, "scope-1")["done"]  # no workflow, no idle timeout: still open
+    assert handle.task_id == "scope-1" and fields_in_force() == {}
+    info = _task(server, "scope-1")
+    assert info["done"] and info["done_reason"] == "explicit"
+    assert [c["stage"] for c in _calls(server, "scope-1")] == ["plan", "code"]
+
+
+@needs_partial
+async def test_async_task_scope_with_fresh_id(server):
+    client = openai.AsyncOpenAI(base_url=server.url, api_key="x",
+                                http_client=hl.labelled_async_http_client(timeout=30))
+    async with task(base_url=server.url) as handle:
+        with label(stage="plan", agent="planner"):
+            await client.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+    assert handle.task_id.startswith("task-")
+    assert _task(server, handle.task_id)["done_reason"] == "explicit"
+
+
+@needs_partial
+def test_task_closes_even_when_the_block_raises(server):
+    client = labelled(openai.OpenAI(base_url=server.url, api_key="x"))
+    with pytest.raises(RuntimeError), task(task_id="boom-1", base_url=server.url):
+        with label(stage="plan", agent="planner"):
+            client.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+        raise RuntimeError("agent failed")
+    assert _task(server, "boom-1")["done"]
+
+
+@needs_partial
+def test_calls_outside_a_stage_go_unlabelled_inside_a_task(server):
+    client = labelled(openai.OpenAI(base_url=server.url, api_key="x"))
+    with task(task_id="partial-1", close=False):
+        client.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+    assert not _calls(server, "partial-1")
+
+
+def test_task_done_on_an_unreachable_server_only_warns(caplog):
+    assert close_task("http://127.0.0.1:9/v1", "t") is False
+    assert "task-done for t failed" in caplog.text
+
+
+def test_task_needs_one_place_to_send_done():
+    with pytest.raises(ConfigError):
+        task(base_url="http://h/v1", client=openai.OpenAI(base_url="http://h/v1", api_key="x"))
