@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 SGL_VENV := .venv-sglang
 STAMP   := $(VENV)/.installed
 
-.PHONY: run test install lint pytest test-sglang test-openai-compat gpu-smoke clean
+.PHONY: run test install lint pytest sandbox-deps test-sglang test-openai-compat gpu-smoke sglang-cpu-bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(BIN)/python:
 # metagpt 0.8.2's own pins cannot resolve (lancedb==0.4.0 is gone): the [metagpt] extra is
 # a working set of its pins, and metagpt itself goes in with --no-deps.
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e ".[dev,metagpt]"
+	$(BIN)/pip install -q -e ".[dev,metagpt,cluster]"
 	$(BIN)/pip install -q --no-deps metagpt==0.8.2
 	touch $(STAMP)
 
@@ -26,7 +26,13 @@ run: install
 lint: install
 	$(BIN)/ruff check .
 
-pytest: install
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# QA sandbox (integrations/metagpt/sandbox.py): MetaGPT's generated code runs under bubblewrap.
+sandbox-deps:
+	@command -v bwrap >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
+
+pytest: install sandbox-deps
 	$(BIN)/python -m pytest -q -m "not sglang"
 
 test: lint pytest test-openai-compat test-sglang
@@ -49,10 +55,25 @@ $(SGL_VENV)/.installed: pyproject.toml
 	$(SGL_VENV)/bin/pip install -q -e ".[sglang,dev]"
 	touch $@
 
+# Includes real serving on CPU: one SGLang start per module/policy (7 starts). See docs/sglang.md.
 test-sglang: $(SGL_VENV)/.installed
-	$(SGL_VENV)/bin/python -m pytest -q -m sglang
+	$(SGL_VENV)/bin/python -m pytest -q -m sglang -p no:cacheprovider tests/test_sglang_*.py
+
+# Real SGLang on this CPU, lpm vs topas, plus the simulator on the same trace with a profile
+# calibrated on the first server: OUT/sglang-cpu.json ({"real", "sim", "profile"}). The CPU
+# needs the test-only sgl_kernel stand-in (docs/sglang.md); a GPU run drops those three lines.
+sglang-cpu-bench: $(SGL_VENV)/.installed
+	@[ -n "$(OUT)" ] || { echo "usage: make sglang-cpu-bench OUT=DIR"; exit 2; }
+	mkdir -p $(OUT)
+	$(SGL_VENV)/bin/python -m topas_agents.server.sglang.make_tiny_model $(OUT)/model >/dev/null
+	cd $(OUT) && SGLANG_USE_CPU_ENGINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+	  PYTHONPATH=$(CURDIR)/tests/sglang_cpu/kernel_stand_in \
+	  $(CURDIR)/$(SGL_VENV)/bin/python -m topas_agents.realbench.runner --engine sglang --model-path model \
+	  --engine-arg=--device --engine-arg=cpu --engine-arg=--load-format --engine-arg=dummy \
+	  --policies lpm,topas --tasks 40 --rate 20 --scale 0.05 --kv-tokens 1000 --sim --json sglang-cpu.json
 
 # GPU machine only (works offline; WHEEL_DIR=... if sglang is missing). See docs/sglang.md.
+# SERVING_TESTS=1 also runs the real-serving test modules on the GPU.
 gpu-smoke:
 	server/sglang/gpu_smoke.sh $(OUT)
 
