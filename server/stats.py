@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from topas_agents.percentile import percentile_or_none
+
 from .tasks import TaskState
 from .tenancy import Tenant, owned_by, unqualify
 
@@ -61,10 +63,10 @@ def engine_view(svc: SimService, tenant: Tenant = None) -> dict[str, Any]:
 
 def jct_summary(svc: SimService) -> dict[str, Any]:
     t = svc.tracker
-    recent = sorted(t.jcts)
+    recent = list(t.jcts)
 
     def q(p: float) -> float | None:
-        return recent[min(len(recent) - 1, int(p * len(recent)))] if recent else None
+        return percentile_or_none(recent, 100 * p)
 
     return {"count": t.jct_count, "sum_s": t.jct_sum, "mean_s": t.jct_sum / t.jct_count if t.jct_count else None,
             "p50_s": q(0.5), "p90_s": q(0.9), "p99_s": q(0.99)}

@@ -12,6 +12,8 @@ the part of the JCT that the server's scheduling decides.
 
 from __future__ import annotations
 
+from topas_agents.percentile import percentile_or_none
+
 from .environment import require_prepared
 
 require_prepared(__name__)  # before any metagpt import
@@ -98,10 +100,7 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    xs = sorted(values)
-    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]  # nearest rank
+    return percentile_or_none(values, 100 * q)
 
 
 def client_jct(records: Sequence[CallRecord]) -> float | None:

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from topas_agents.percentile import percentile_or_none
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaAnswer:
@@ -36,7 +38,7 @@ class ReplicaAnswer:
 
 
 def _quantile(values: Sequence[float], p: float) -> float | None:
-    return values[min(len(values) - 1, int(p * len(values)))] if values else None
+    return percentile_or_none(values, 100 * p)
 
 
 def merge_tasks(per_replica: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]) -> dict[str, dict[str, Any]]:

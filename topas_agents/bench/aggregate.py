@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ..percentile import percentile  # noqa: F401  (re-exported: the bench's one percentile)
 from ..policies import BASELINES
 
 METRICS = ("mean_jct", "p99_jct")
@@ -44,12 +45,6 @@ _T975 = (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 
          2.109816, 2.100922, 2.093024, 2.085963, 2.079614, 2.073873, 2.068658, 2.063899,
          2.059539, 2.055529, 2.051831, 2.048407, 2.045230, 2.042272)
 _Z975 = 1.959963984540054
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The bench's one percentile: numpy's default (linear interpolation between order
-    statistics), the same definition the simulator uses for `p99_jct`. nan if empty."""
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else math.nan
 
 
 def t_quantile_975(df: int) -> float:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..costmodel import Profile
 from ..errors import TopasError
+from ..percentile import percentile
 from ..policies import Policy
 from ..sim import SimEngine
 from ..sim.types import EngineRequest, StallError
@@ -160,7 +161,7 @@ def simulate_cluster(trace: Sequence[TaskPlan], make_policy: Callable[[], Policy
     return ClusterRun(
         policy=getattr(policies[0], "name", type(policies[0]).__name__), router=router.name, replicas=replicas,
         mean_jct=float(jct.mean()) if len(jct) else math.nan,
-        p99_jct=float(np.percentile(jct, 99)) if len(jct) else math.nan,
+        p99_jct=percentile(jct, 99),
         throughput_rps=len(done) / makespan if makespan > 0 else math.nan, makespan_s=makespan,
         split_tasks=sum(1 for t in done if len(set().union(*t.replicas.values())) > 1),
         calls_per_replica=tuple(driver.calls),

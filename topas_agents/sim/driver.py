@@ -10,6 +10,7 @@ import numpy as np
 
 from ..costmodel import Profile
 from ..errors import ConfigError
+from ..percentile import percentile
 from ..policies import Policy
 from ..workflow import TaskPlan, Workflow, sample_task
 from .engine import SimEngine
@@ -141,7 +142,7 @@ def _result(policy: str, driver: _Driver, engine: SimEngine) -> RunResult:
         tasks=tasks,
         makespan_s=makespan,
         mean_jct=float(jct.mean()) if len(jct) else 0.0,
-        p99_jct=float(np.percentile(jct, 99)) if len(jct) else 0.0,
+        p99_jct=percentile(jct, 99) if len(jct) else 0.0,
         first_task_s=first,
         throughput_rps=driver.requests / makespan if makespan > 0 else 0.0,
         mean_batch=stats.mean_batch,

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..costmodel import Profile
 from ..errors import DecisionError, TopasError
+from ..percentile import percentile
 from ..policies import Policy
 from ..snapshot import Decision, Snapshot, check_decision
 from ..workflow import Workflow
@@ -261,7 +262,7 @@ class SimEngine:
         return EngineStats(
             decisions=len(ms),
             decision_ms_mean=float(ms.mean()) if len(ms) else 0.0,
-            decision_ms_p99=float(np.percentile(ms, 99)) if len(ms) else 0.0,
+            decision_ms_p99=percentile(ms, 99) if len(ms) else 0.0,
             mean_batch=gpu.batch_time / gpu.decode_time if gpu.decode_time else 0.0,
             prefix_swaps_in=res.swaps_in,
             prefix_swaps_out=res.swaps_out,
