@@ -43,13 +43,7 @@ class TaskHandle:
 
 def fields_in_force() -> dict[str, Any]:
     """The label fields in force, complete or partial (task scope only)."""
-    # `labels.current_fields` comes with the partial-label change; before it, only complete
-    # labels exist and a task scope is never partial.
-    fn = getattr(labels, "current_fields", None)
-    if fn is not None:
-        return fn()
-    lab = labels.current_label()
-    return lab.to_body() if lab is not None else {}
+    return labels.current_fields()
 
 
 def server_root(base_url: str) -> str:

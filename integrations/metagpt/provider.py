@@ -27,7 +27,7 @@ require_prepared(__name__)  # before any metagpt import
 import contextlib
 import contextvars
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -132,9 +132,16 @@ _REGISTRY_KEYS = (LLMType.OPENAI,)
 
 def register_topas_provider() -> Callable[[], None]:
     """Make MetaGPT build `TopasOpenAILLM` for `api_type: openai`; returns the undo."""
-    previous = {key: LLM_REGISTRY.providers.get(key) for key in _REGISTRY_KEYS}
-    for key in _REGISTRY_KEYS:
-        LLM_REGISTRY.register(key, TopasOpenAILLM)
+    return register_llm(TopasOpenAILLM, _REGISTRY_KEYS)
+
+
+def register_llm(factory: Callable[..., Any], keys: Iterable[Any]) -> Callable[[], None]:
+    """Register `factory` in MetaGPT's LLM registry for `keys`; returns the undo, which puts
+    back exactly what was there (or nothing)."""
+    keys = tuple(keys)
+    previous = {key: LLM_REGISTRY.providers.get(key) for key in keys}
+    for key in keys:
+        LLM_REGISTRY.register(key, factory)
 
     def undo() -> None:
         for key, cls in previous.items():

@@ -43,7 +43,6 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from metagpt.configs.llm_config import LLMConfig, LLMType
-from metagpt.provider.llm_provider_registry import LLM_REGISTRY
 from metagpt.roles.role import Role
 from metagpt.team import Team
 
@@ -51,7 +50,7 @@ from topas_agents.errors import ConfigError
 from topas_agents.integrations.task import aclose_task, fields_in_force, new_task_id
 from topas_agents.labels import Label, current_label, label
 
-from .provider import ProviderOptions, TopasOpenAILLM
+from .provider import ProviderOptions, TopasOpenAILLM, register_llm
 
 if TYPE_CHECKING:
     from .recorder import CallRecorder
@@ -144,18 +143,7 @@ class Enabled:
 
     def _patch_registry(self) -> None:
         keys = list(LLMType) if self.options.base_url else [LLMType.OPENAI]
-        previous = {k: LLM_REGISTRY.providers.get(k) for k in keys}
-        for key in keys:
-            LLM_REGISTRY.register(key, self._make_llm)
-
-        def undo() -> None:
-            for key, cls in previous.items():
-                if cls is None:
-                    LLM_REGISTRY.providers.pop(key, None)
-                else:
-                    LLM_REGISTRY.register(key, cls)
-
-        self._undo.append(undo)
+        self._undo.append(register_llm(self._make_llm, keys))
 
     def _make_llm(self, config: LLMConfig) -> StockTopasLLM:
         o = self.options

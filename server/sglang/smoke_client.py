@@ -22,10 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...labels import Label
+from ...realbench.client import WORDS as _WORDS
 from ...workflow import Workflow, load_workflow
-
-_WORDS = ("plan", "design", "code", "review", "test", "module", "interface", "data", "user", "system",
-          "agent", "task", "stage", "value", "error", "result", "function", "class", "queue", "cache")
 
 
 @dataclass(frozen=True, slots=True)
