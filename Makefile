@@ -43,7 +43,7 @@ test-openai-compat:
 	@for v in $(OPENAI_MAJORS); do \
 	  d=.venv-openai$$v; \
 	  [ -x $$d/bin/python ] || $(PY) -m venv $$d; \
-	  $$d/bin/pip install -q "openai==$$v.*" tenacity pyyaml pytest pytest-asyncio && \
+	  $$d/bin/pip install -q "openai==$$v.*" httpx tenacity pyyaml pytest pytest-asyncio && \
 	  $$d/bin/pip install -q --no-deps -e . && \
 	  $$d/bin/python -m pytest -q -p no:cacheprovider tests/test_openai_client.py || exit 1; \
 	done
