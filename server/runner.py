@@ -16,7 +16,7 @@ from typing import Any
 
 import uvicorn
 
-from ..errors import TopasError
+from ..errors import ConfigError, TopasError
 from .app import build_app
 from .config import ServerConfig
 from .responders import Responder
@@ -48,11 +48,21 @@ def run_server(config: ServerConfig, *, responder: Responder | None = None,
     app = build_app(config, responder=responder, engine_factory=engine_factory)
     server = _DrainingServer(_uvicorn_config(app, config, host=config.host, port=config.port),
                              app.state.service, config.drain_timeout_s)
+    sock = _listen(config.host, config.port)  # bind first: "serving on" is printed only when true
     print(f"topas: serving {config.model_name} on http://{config.host}:{config.port}/v1 "
           f"(engine sim, policy {config.policy}, time scale {config.time_scale:g})", flush=True)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
-        server.run()
+        server.run(sockets=[sock])
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or a one-line ConfigError (a busy port, a bad host)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=4096)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 @dataclass

@@ -142,3 +142,29 @@ def test_workflow_limits_are_one_line_cli_errors(tmp_path, capsys):
     assert err.count("\n") == 1 and "requests: need 1 <= lo <= hi <= 1000" in err
     assert main(["serve", "--workflow", str(path), "--port", "0"]) == 2
     assert "requests: need 1 <= lo <= hi <= 1000" in capsys.readouterr().err
+
+
+def test_a_missing_optional_dependency_names_the_extra(monkeypatch, capsys):
+    import sys
+
+    from topas_agents import cli
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the [bench] extra were not installed
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+
+    def needs_plot(args):
+        import matplotlib.pyplot  # noqa: F401
+
+    monkeypatch.setattr(cli, "build_parser", lambda only=None: _ParserStub(needs_plot))
+    assert cli.main(["bench"]) == 2
+    assert "pip install 'topas-agents[bench]'" in capsys.readouterr().err
+
+
+class _ParserStub:
+    def __init__(self, run):
+        self.run = run
+
+    def parse_args(self, argv):
+        import argparse
+
+        return argparse.Namespace(command="bench", run=self.run)

@@ -83,3 +83,14 @@ def test_engine_sglang_dispatch_or_clear_error(capsys) -> None:
         assert "pip install -e .[sglang]" in err and err.count("\n") == 1
     else:
         pytest.skip("the SGLang launcher is importable here (tested under -m sglang)")
+
+
+def test_a_busy_port_is_a_one_line_error_and_nothing_claims_to_serve(capsys) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc = main(["serve", "--engine", "sim", "--port", str(port)])
+    captured = capsys.readouterr()
+    assert rc == 2 and f"cannot listen on 127.0.0.1:{port}" in captured.err
+    assert "serving" not in captured.out

@@ -53,6 +53,24 @@ def build_parser(only: str | None = None) -> Parser:
     return parser
 
 
+# Optional dependencies -> the extra that installs them (pyproject.toml): a command that needs
+# one the install lacks says which extra to add instead of printing a traceback.
+EXTRA_FOR_MODULE = {
+    "numpy": "bench", "tqdm": "bench", "matplotlib": "bench",
+    "fastapi": "server", "uvicorn": "server", "starlette": "server",
+    "metagpt": "metagpt", "sglang": "sglang",
+}
+
+
+def missing_extra_message(exc: ModuleNotFoundError) -> str | None:
+    """A one-line install hint when `exc` is an optional dependency, else None."""
+    top = (exc.name or "").split(".")[0]
+    extra = EXTRA_FOR_MODULE.get(top)
+    if extra is None:
+        return None
+    return f"this command needs '{top}', which this install lacks: pip install 'topas-agents[{extra}]'"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     only = argv[0] if argv and argv[0] in SUBCOMMANDS else None
@@ -64,6 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except TopasError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        hint = missing_extra_message(exc)
+        if hint is None:
+            raise
+        print(f"error: {hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
