@@ -20,18 +20,6 @@ from topas_agents.server import ServerConfig, start_server_in_thread
 MSG = [{"role": "system", "content": "You are the planner."}, {"role": "user", "content": "plan a todo app"}]
 
 
-def _partial_labels_supported() -> bool:
-    try:
-        with label(task_id="probe"):
-            return True
-    except Exception:
-        return False
-
-
-needs_partial = pytest.mark.skipif(not _partial_labels_supported(),
-                                   reason="needs partial labels (labels.py change proposed in H7's report)")
-
-
 @pytest.fixture(scope="module")
 def server():
     # idle timeout off: a task without a workflow only ends by an explicit done call
@@ -144,7 +132,6 @@ def test_done_url_quotes_the_task_id():
     assert done_url("http://h:1/v1/", "a b/c") == "http://h:1/v1/topas/tasks/a%20b%2Fc/done"
 
 
-@needs_partial
 def test_task_scope_labels_calls_and_closes_the_task(server):
     client = labelled(openai.OpenAI(base_url=server.url, api_key="x"))
     with task(task_id="scope-1", client=client) as handle:
@@ -159,7 +146,6 @@ def test_task_scope_labels_calls_and_closes_the_task(server):
     assert [c["stage"] for c in _calls(server, "scope-1")] == ["plan", "code"]
 
 
-@needs_partial
 async def test_async_task_scope_with_fresh_id(server):
     client = openai.AsyncOpenAI(base_url=server.url, api_key="x",
                                 http_client=hl.labelled_async_http_client(timeout=30))
@@ -170,7 +156,6 @@ async def test_async_task_scope_with_fresh_id(server):
     assert _task(server, handle.task_id)["done_reason"] == "explicit"
 
 
-@needs_partial
 def test_task_closes_even_when_the_block_raises(server):
     client = labelled(openai.OpenAI(base_url=server.url, api_key="x"))
     with pytest.raises(RuntimeError), task(task_id="boom-1", base_url=server.url):
@@ -180,7 +165,6 @@ def test_task_closes_even_when_the_block_raises(server):
     assert _task(server, "boom-1")["done"]
 
 
-@needs_partial
 def test_calls_outside_a_stage_go_unlabelled_inside_a_task(server):
     client = labelled(openai.OpenAI(base_url=server.url, api_key="x"))
     with task(task_id="partial-1", close=False):

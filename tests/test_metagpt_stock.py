@@ -17,20 +17,6 @@ AGENTS = {"write_prd": "product_manager", "write_design": "architect", "write_ta
           "write_code": "engineer"}
 
 
-def _partial_labels_supported() -> bool:
-    from topas_agents import label
-
-    try:
-        with label(task_id="probe"):
-            return True
-    except Exception:
-        return False
-
-
-needs_partial = pytest.mark.skipif(not _partial_labels_supported(),
-                                   reason="needs partial labels (labels.py change proposed in H7's report)")
-
-
 @pytest.fixture(scope="module")
 def mg(tmp_path_factory: pytest.TempPathFactory):
     root = prepare_metagpt(tmp_path_factory.mktemp("mgroot"), log_level="ERROR").root
@@ -87,7 +73,6 @@ def test_enable_is_reversible_and_exclusive(mg):
     stock.enable().disable()  # a new enable works after disable
 
 
-@needs_partial
 async def test_stock_team_is_labelled_per_role_and_action(mg, tmp_path):
     _, stock, server_api = mg
     from topas_agents.integrations.metagpt.patches import fast_retries
@@ -112,7 +97,6 @@ async def test_stock_team_is_labelled_per_role_and_action(mg, tmp_path):
         assert task["done"] and task["done_reason"] == "explicit"  # closed when the run ended
 
 
-@needs_partial
 async def test_caller_task_scope_is_used_and_left_open(mg, tmp_path):
     _, stock, server_api = mg
     from topas_agents import label
