@@ -14,16 +14,6 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 needs_metagpt = pytest.mark.skipif(not metagpt_available(), reason="metagpt is not installed")
 
 
-def _partial_labels_supported() -> bool:
-    from topas_agents import label
-
-    try:
-        with label(task_id="probe"):
-            return True
-    except Exception:
-        return False
-
-
 def _run(monkeypatch, name: str, *argv: str) -> None:
     monkeypatch.setattr(sys, "argv", [str(EXAMPLES / name), *argv])
     runpy.run_path(str(EXAMPLES / name), run_name="__main__")
@@ -62,8 +52,6 @@ def test_softwaredev_eval(monkeypatch, capsys, tmp_path):
 
 @pytest.mark.metagpt
 @needs_metagpt
-@pytest.mark.skipif(not _partial_labels_supported(),
-                    reason="needs partial labels (labels.py change proposed in H7's report)")
 def test_metagpt_stock(monkeypatch, capsys, tmp_path):
     _run(monkeypatch, "metagpt_stock.py", "--root", str(tmp_path / "mg"), "--time-scale", "400")
     out = capsys.readouterr().out
