@@ -25,7 +25,8 @@ from ..errors import TopasError
 from ..percentile import percentile
 from ..policies import Policy
 from ..sim import SimEngine
-from ..sim.types import EngineRequest, StallError
+from ..sim.driver import ready_successors, round_request
+from ..sim.types import StallError
 from ..workflow import TaskPlan, Workflow
 from .routing import CallInfo, Pinned, Router
 
@@ -84,20 +85,14 @@ class _ClusterDriver:
             self._submit(t, stage, 0)
 
     def _submit(self, t: _Task, stage: str, k: int) -> None:
-        plan, wf = t.plan, t.plan.workflow
-        spec, rnd = wf.stage(stage), plan.rounds[stage][k]
-        prefix = wf.prefix_tokens(spec.agent)
-        i = self.router.route(CallInfo(plan.task_id, spec.agent, prefix, rnd.input_tokens), self.outstanding)
-        rid = f"{plan.task_id}/{stage}/{k}"
-        self.inflight[rid] = (t, stage, k, i)
+        req = round_request(t.plan, stage, k)
+        i = self.router.route(CallInfo(req.task_id, req.agent, req.prefix_tokens, req.input_tokens),
+                              self.outstanding)
+        self.inflight[req.rid] = (t, stage, k, i)
         self.outstanding[i] += 1
         self.calls[i] += 1
         t.replicas.setdefault(stage, set()).add(i)
-        self.engines[i].submit(EngineRequest(
-            rid=rid, task_id=plan.task_id, workflow=wf.name, stage=stage, agent=spec.agent,
-            prefix_tokens=prefix, input_tokens=rnd.input_tokens, output_tokens=rnd.output_tokens,
-            max_new_tokens=max(spec.output_tokens.hi, rnd.output_tokens), round=k,
-            task_arrival_s=plan.arrival_s))
+        self.engines[i].submit(req)
 
     def _on_finish(self, replica: int, rid: str, now: float) -> None:
         self.outstanding[replica] -= 1
@@ -112,9 +107,8 @@ class _ClusterDriver:
         for i in t.replicas[stage]:
             self.engines[i].stage_done(t.plan.task_id, stage)
         t.done.add(stage)
-        for succ in wf.successors[stage]:
-            if all(d in t.done for d in wf.stage(succ).after):
-                self._submit(t, succ, 0)
+        for succ in ready_successors(wf, t.done, stage):
+            self._submit(t, succ, 0)
         if len(t.done) == len(wf.stages):
             t.finish_s = now
             for i in set().union(*t.replicas.values()):

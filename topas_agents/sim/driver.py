@@ -66,18 +66,9 @@ class _Driver:
             self._submit(tr, stage, 0)
 
     def _submit(self, tr: _TaskRun, stage: str, k: int) -> None:
-        plan, wf = tr.plan, tr.plan.workflow
-        spec, rnd = wf.stage(stage), plan.rounds[stage][k]
-        rid = f"{plan.task_id}/{stage}/{k}"
-        self.inflight[rid] = (tr, stage, k)
-        self.engine.submit(EngineRequest(
-            rid=rid, task_id=plan.task_id, workflow=wf.name, stage=stage, agent=spec.agent,
-            prefix_tokens=wf.prefix_tokens(spec.agent), input_tokens=rnd.input_tokens,
-            output_tokens=rnd.output_tokens,
-            # The client's limit is the stage's declared upper bound: KV is reserved for it.
-            max_new_tokens=max(spec.output_tokens.hi, rnd.output_tokens),
-            round=k, task_arrival_s=plan.arrival_s,
-        ))
+        req = round_request(tr.plan, stage, k)
+        self.inflight[req.rid] = (tr, stage, k)
+        self.engine.submit(req)
 
     def _on_finish(self, rid: str, t: float) -> None:
         tr, stage, k = self.inflight.pop(rid)
@@ -92,15 +83,33 @@ class _Driver:
             return
         self.engine.stage_done(tr.plan.task_id, stage)
         tr.done.add(stage)
-        for succ in wf.successors[stage]:
-            if all(d in tr.done for d in wf.stage(succ).after):
-                self._submit(tr, succ, 0)
+        for succ in ready_successors(wf, tr.done, stage):
+            self._submit(tr, succ, 0)
         if len(tr.done) == len(wf.stages):
             tr.finish_s = t
             self.engine.task_done(tr.plan.task_id)
             self.completed += 1
             if self.progress is not None:
                 self.progress(self.completed, len(self.runs))
+
+
+def round_request(plan: TaskPlan, stage: str, k: int) -> EngineRequest:
+    """The engine request of round `k` of `stage` in a task (one definition for every driver)."""
+    wf = plan.workflow
+    spec, rnd = wf.stage(stage), plan.rounds[stage][k]
+    return EngineRequest(
+        rid=f"{plan.task_id}/{stage}/{k}", task_id=plan.task_id, workflow=wf.name, stage=stage,
+        agent=spec.agent, prefix_tokens=wf.prefix_tokens(spec.agent), input_tokens=rnd.input_tokens,
+        output_tokens=rnd.output_tokens,
+        # The client's limit is the stage's declared upper bound: KV is reserved for it.
+        max_new_tokens=max(spec.output_tokens.hi, rnd.output_tokens),
+        round=k, task_arrival_s=plan.arrival_s,
+    )
+
+
+def ready_successors(wf: Workflow, done: set[str], stage: str) -> list[str]:
+    """Successors of `stage` (just added to `done`) whose every predecessor is done."""
+    return [succ for succ in wf.successors[stage] if all(d in done for d in wf.stage(succ).after)]
 
 
 def simulate(trace: Sequence[TaskPlan], policy: Policy, profile: Profile, *, kv_budget: int | None = None,
