@@ -22,7 +22,6 @@ pytest.importorskip("sglang")
 from sglang_cpu import serving  # noqa: E402
 
 from topas_agents.realbench.client import run_tasks  # noqa: E402
-from topas_agents.workflow import load_workflow  # noqa: E402
 
 NO_HOST_POOL_ON_CPU = ("SGLang 0.5.23's HiCache host pool pins its buffer with cudaHostRegister "
                        "(mem_cache/pool_host/common.py): without CUDA the server dies at startup")
@@ -34,15 +33,9 @@ if not serving.has_cuda():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    tmp = tmp_path_factory.mktemp("sglang-hicache")
-    wf = serving.write_workflow(tmp)
-    srv = serving.start_server(tmp, "fcfs", workflows=[str(wf)], kv_tokens=KV_TOKENS,
-                               extra_args=["--enable-hierarchical-cache", "--hicache-ratio", "2"])
-    srv.workflow, srv.tokens = load_workflow(wf), serving.Tokens(srv.model_dir)
-    try:
+    with serving.module_server(tmp_path_factory.mktemp("sglang-hicache"), "fcfs", kv_tokens=KV_TOKENS,
+                               extra_args=["--enable-hierarchical-cache", "--hicache-ratio", "2"]) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_prefix_round_trips_through_the_host_tier(server: Any) -> None:

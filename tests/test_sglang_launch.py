@@ -22,23 +22,14 @@ import httpx  # noqa: E402
 from sglang_cpu import serving  # noqa: E402
 
 from topas_agents.realbench.client import run_tasks  # noqa: E402
-from topas_agents.workflow import load_workflow  # noqa: E402
 
 KV_TOKENS = 3000  # small pool: three ~160-token prefixes plus a flood request fill it
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    tmp = tmp_path_factory.mktemp("sglang-topas")
-    wf = serving.write_workflow(tmp)
-    srv = serving.start_server(tmp, "topas", workflows=[str(wf)], kv_tokens=KV_TOKENS)
-    print(f"\nSGLang (topas) healthy after {srv.started_s:.1f} s")
-    srv.workflow = load_workflow(wf)
-    srv.tokens = serving.Tokens(srv.model_dir)
-    try:
+    with serving.module_server(tmp_path_factory.mktemp("sglang-topas"), "topas", kv_tokens=KV_TOKENS) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_every_sglang_process_loads_the_plugin(server: Any) -> None:

@@ -22,7 +22,6 @@ pytest.importorskip("sglang")
 from sglang_cpu import serving  # noqa: E402
 
 from topas_agents.realbench.client import run_tasks  # noqa: E402
-from topas_agents.workflow import load_workflow  # noqa: E402
 
 KV_TOKENS = 3000
 # spf plans for 10x the pool, and SGLang's own admission estimate is made optimistic
@@ -38,18 +37,10 @@ POLICIES = ("fcfs", "lpm", "parrot", "las", "spf")
 @pytest.fixture(scope="module", params=POLICIES)
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     policy = request.param
-    tmp = tmp_path_factory.mktemp(f"sglang-{policy}")
-    wf = serving.write_workflow(tmp)
     sizes = PRESSURE if policy == "spf" else {"kv_tokens": KV_TOKENS}
-    srv = serving.start_server(tmp, policy, workflows=[str(wf)], **sizes)
-    print(f"\nSGLang ({policy}) healthy after {srv.started_s:.1f} s")
-    srv.policy, srv.kv_tokens = policy, sizes["kv_tokens"]
-    srv.workflow = load_workflow(wf)
-    srv.tokens = serving.Tokens(srv.model_dir)
-    try:
+    with serving.module_server(tmp_path_factory.mktemp(f"sglang-{policy}"), policy, **sizes) as srv:
+        srv.policy, srv.kv_tokens = policy, sizes["kv_tokens"]
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_policy_serves_concurrent_workflow_tasks(server: Any) -> None:

@@ -22,11 +22,13 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from topas_agents.server.sglang import launch, make_tiny_model
+from topas_agents.workflow import load_workflow
 
 STAND_IN = Path(__file__).parent / "kernel_stand_in"
 STARTUP_TIMEOUT_S = 300.0  # measured 27-80 s to healthy on 2 shared cores
@@ -121,6 +123,20 @@ def start_server(tmp: Path, policy: str, *, workflows: list[str], kv_tokens: int
         raise
     server.started_s = time.monotonic() - t0
     return server
+
+
+@contextlib.contextmanager
+def module_server(tmp: Path, policy: str, **start: Any) -> Iterator[Server]:
+    """One server per test module: the test workflow registered, its loaded Workflow and the
+    model's tokenizer attached (`.workflow`, `.tokens`), stopped when the module is done."""
+    wf = write_workflow(tmp)
+    srv = start_server(tmp, policy, workflows=[str(wf)], **start)
+    print(f"\nSGLang ({policy}) healthy after {srv.started_s:.1f} s")
+    srv.workflow, srv.tokens = load_workflow(wf), Tokens(srv.model_dir)
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 def wait_healthy(server: Server, limit_s: float) -> None:
