@@ -28,6 +28,7 @@ from .stats import build_stats
 from .tenancy import EXEMPT_PATHS, Tenant, authenticate, tenant_ids
 from .textcheck import MAYBE_SURROGATE as _MAYBE_SURROGATE
 from .textcheck import has_lone_surrogate
+from .timeline_api import install_timeline
 from .workflows import WorkflowRegistry, parse_upload
 
 log = logging.getLogger("topas.server")
@@ -209,6 +210,7 @@ def build_app(config: ServerConfig, *, responder: Responder | None = None,
     _add_error_handlers(app)
     _add_openai_routes(app, svc)
     _add_topas_routes(app, svc)
+    install_timeline(app, svc, _tenant)  # GET /v1/topas/timeline (docs/timelines.md)
     return app
 
 

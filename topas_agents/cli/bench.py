@@ -111,6 +111,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--json", metavar="OUT", help="write the results as JSON")
     p.add_argument("--task-jcts", action="store_true", help="put every task's JCT in the JSON (for CDFs)")
     p.add_argument("--plot", metavar="OUT.png", help="plot mean and p99 JCT vs load (CI bands with --seeds)")
+    p.add_argument("--timeline", metavar="DIR",
+                   help="also write per-run timelines: DIR/<workload>-<policy>-<load>.trace.json (Chrome/"
+                   "Perfetto trace events: ui.perfetto.dev) and .gantt.png, one pair per policy and point, "
+                   "of the first seed only (each run is simulated once more with recording on; the engine "
+                   "is deterministic, so it is the same run). Not with --suite/--replicas (docs/timelines.md)")
+    p.add_argument("--timeline-tasks", type=positive_int, default=None, metavar="N",
+                   help="--timeline: record and draw the first N tasks of each run (default 40)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--check", action="store_true", help="check engine invariants at every decision (slow)")
     p.add_argument("--decision-cost", action="store_true",
@@ -221,7 +228,26 @@ def _suite(args: argparse.Namespace) -> int:
     return int(run_suite_cli(args) or 0)
 
 
+def _check_timeline(args: argparse.Namespace) -> None:
+    if args.timeline_tasks is not None and not args.timeline:
+        raise ConfigError("--timeline-tasks needs --timeline DIR")
+    if args.timeline and (args.decision_cost or args.server or args.engine != "sim" or args.suite or args.replicas):
+        raise ConfigError("--timeline needs the simulated single-engine bench (--workload or --trace; "
+                          "not --suite, --replicas, --decision-cost or a real engine)")
+
+
+def _write_timelines(args: argparse.Namespace, config: Any) -> None:
+    from dataclasses import replace
+
+    from ..bench.timeline import DEFAULT_TIMELINE_TASKS, write_bench_timelines
+
+    first = replace(config, seed=args.seeds[0]) if args.seeds else config
+    paths = write_bench_timelines(first, args.timeline, args.timeline_tasks or DEFAULT_TIMELINE_TASKS)
+    print(f"timelines: {len(paths)} files in {args.timeline}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_timeline(args)
     if args.decision_cost:
         return _decision_cost(args)
     if args.server or args.engine != "sim":
@@ -248,4 +274,6 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.json, result)
     if args.plot:
         plot_result(result, args.plot)
+    if args.timeline:
+        _write_timelines(args, config)
     return 0

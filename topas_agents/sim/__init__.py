@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .driver import make_trace, simulate
 from .engine import SimEngine
+from .record import RecorderConfig, Timeline, TimelineRecorder
 from .steps import PREFILL_CHUNK_TOKENS
 from .types import (
     BENCH_KEYS,
@@ -27,11 +28,14 @@ __all__ = [
     "EngineRequest",
     "EngineStats",
     "OverBudgetError",
+    "RecorderConfig",
     "RequestError",
     "RunResult",
     "SimEngine",
     "StallError",
     "TaskResult",
+    "Timeline",
+    "TimelineRecorder",
     "make_trace",
     "simulate",
 ]

@@ -14,6 +14,7 @@ from ..percentile import percentile
 from ..policies import Policy
 from ..workflow import TaskPlan, Workflow, sample_task
 from .engine import SimEngine
+from .record import TimelineRecorder
 from .types import EngineRequest, RunResult, StallError, TaskResult
 
 
@@ -114,13 +115,15 @@ def ready_successors(wf: Workflow, done: set[str], stage: str) -> list[str]:
 
 def simulate(trace: Sequence[TaskPlan], policy: Policy, profile: Profile, *, kv_budget: int | None = None,
              host_tier: bool | None = None, check: bool = False,
-             progress: Callable[[int, int], None] | None = None) -> RunResult:
-    """Run `trace` to completion on a fresh SimEngine under `policy`."""
+             progress: Callable[[int, int], None] | None = None,
+             recorder: TimelineRecorder | None = None) -> RunResult:
+    """Run `trace` to completion on a fresh SimEngine under `policy` (`recorder`: record
+    request timelines, see sim/record.py; off by default)."""
     workflows: dict[str, Workflow] = {}
     for tp in trace:
         workflows.setdefault(tp.workflow.name, tp.workflow)
     engine = SimEngine(profile, policy, kv_budget=kv_budget, host_tier=host_tier, workflows=workflows,
-                       check=check)
+                       check=check, recorder=recorder)
     driver = _Driver(engine, trace, progress)
     engine.run()
     if driver.completed < len(driver.runs):

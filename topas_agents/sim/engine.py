@@ -31,6 +31,7 @@ from ..workflow import Workflow
 from .events import CALLBACK, TRANSFER, EventHeap
 from .fills import PrefillQueue
 from .integrity import check_engine
+from .record import TimelineRecorder
 from .requests import RequestTable
 from .residency import Residency
 from .runs import GpuWork
@@ -45,7 +46,8 @@ class SimEngine:
 
     def __init__(self, profile: Profile, policy: Policy, *, kv_budget: int | None = None,
                  host_tier: bool | None = None, workflows: Mapping[str, Workflow] = MappingProxyType({}),
-                 check: bool = False, max_jump_s: float | None = None) -> None:
+                 check: bool = False, max_jump_s: float | None = None,
+                 recorder: TimelineRecorder | None = None) -> None:
         if max_jump_s is not None and max_jump_s <= 0:
             raise TopasError(f"max_jump_s must be > 0, got {max_jump_s}")
         self.profile = profile
@@ -74,6 +76,21 @@ class SimEngine:
         for wf in self.workflows.values():
             for a in wf.agents:
                 self._residency.register(a.name, a.prefix_tokens)
+        self._rec: TimelineRecorder | None = None
+        if recorder is not None:
+            self.set_recorder(recorder)
+
+    def set_recorder(self, recorder: TimelineRecorder | None) -> None:
+        """Record request timelines from now on (None: stop). Off by default: recording
+        costs a scan of the running requests per event batch (see sim/record.py)."""
+        self._rec = recorder
+        self._residency.on_transfer = None if recorder is None else recorder.transfer
+        if recorder is not None:
+            recorder.kv_budget = self.kv_budget
+
+    @property
+    def recorder(self) -> TimelineRecorder | None:
+        return self._rec
 
     @property
     def on_token(self) -> Callable[[str, int], None] | None:
@@ -97,7 +114,10 @@ class SimEngine:
         if p is None:
             p = self._residency.register(req.agent, req.prefix_tokens)
         task = self._tasks.open(req, self.now)
-        self._requests.add(Req(req, task, p, input_tokens, self.now))
+        r = Req(req, task, p, input_tokens, self.now)
+        self._requests.add(r)
+        if self._rec is not None:
+            self._rec.arrive(self.now, r)
         self._dirty = True
         self._gpu.interrupt(self.now)
 
@@ -126,6 +146,8 @@ class SimEngine:
         if r.state == "running":
             self._release(r)
         self._requests.retire(r, "cancelled")
+        if self._rec is not None:
+            self._rec.leave(self.now, r, "cancelled")
         self._dirty = True
         self._gpu.interrupt(self.now)
         return True
@@ -138,6 +160,8 @@ class SimEngine:
     def task_done(self, task_id: str) -> None:
         """Forget a finished task (it leaves the snapshot's task list)."""
         self._tasks.task_done(task_id)
+        if self._rec is not None:
+            self._rec.task_done(task_id)
 
     def call_at(self, t: float, fn: Callable[[], None]) -> None:
         """Run `fn` at time `t` (clamped to now) in the engine's event order."""
@@ -172,6 +196,8 @@ class SimEngine:
             if self._dirty:
                 self._dirty = False
                 self._decide()
+                if self._rec is not None:
+                    self._sync_recorder()
             self._gpu.start(self.now)
         t = self._peek()
         if t is None or t > until:
@@ -188,7 +214,14 @@ class SimEngine:
                 self._gpu.finish(obj)
                 if self.check:
                     self.check_integrity()
+        if self._rec is not None:
+            self._sync_recorder()
         return True
+
+    def _sync_recorder(self) -> None:
+        assert self._rec is not None
+        self._rec.sync(self.now, self._requests.running.values(), self._residency.kv_used,
+                       len(self._gpu.decoding))
 
     def _peek(self) -> float | None:
         return self._heap.peek(self._gpu.run)
@@ -215,16 +248,22 @@ class SimEngine:
     def _apply(self, d: Decision) -> None:
         """Applied in the boundary's order: preempt, prefix_out, prefix_in, admit."""
         requests, residency, now = self._requests, self._residency, self.now
+        rec = self._rec
         for rid in d.preempt:
             r = requests.running[rid]
             self._release(r)
             requests.requeue(r)
+            if rec is not None:
+                rec.preempt(now, r)
         for agent in d.prefix_out:
             residency.prefix_out(residency.prefixes[agent], now)
         for agent in d.prefix_in:
             residency.prefix_in(residency.prefixes[agent], now)
         for rid in d.admit:
-            residency.pin(requests.admit(rid), now)
+            r = requests.admit(rid)
+            residency.pin(r, now)
+            if rec is not None:
+                rec.admit(now, r)
 
     # ------------------------------------------------------------------ request lifecycle
 
@@ -241,6 +280,8 @@ class SimEngine:
         """`r` generated its last token."""
         self._release(r)
         self._requests.retire(r, "finished")
+        if self._rec is not None:
+            self._rec.leave(self.now, r, "finished")
         self._dirty = True
         if self.on_finish is not None:
             self.on_finish(r.rid, self.now)

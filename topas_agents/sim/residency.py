@@ -7,6 +7,8 @@ kv_tokens of running requests: `pin`/`unpin` count a request's own KV here too).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..costmodel import Profile
 from .events import TRANSFER, EventHeap
 from .fills import PrefillQueue
@@ -14,13 +16,15 @@ from .state import Prefix, PrefixFill, Req, Transfer
 
 
 class Residency:
-    __slots__ = ("prefixes", "kv_used", "swaps_in", "swaps_out", "recomputes",
+    __slots__ = ("prefixes", "kv_used", "swaps_in", "swaps_out", "recomputes", "on_transfer",
                  "_profile", "_host_tier", "_events", "_fills", "_link_free_s")
 
     def __init__(self, profile: Profile, host_tier: bool, events: EventHeap, fills: PrefillQueue) -> None:
         self.prefixes: dict[str, Prefix] = {}
         self.kv_used = 0
         self.swaps_in = self.swaps_out = self.recomputes = 0
+        # `on_transfer(now, transfer)` when a transfer is queued (timeline recording; None: off)
+        self.on_transfer: Callable[[float, Transfer], None] | None = None
         self._profile = profile
         self._host_tier = host_tier
         self._events = events  # transfer completions are scheduled here
@@ -42,6 +46,8 @@ class Residency:
         tr = Transfer(p, direction, start, start + self._profile.swap_s(p.tokens))  # type: ignore[arg-type]
         self._link_free_s = tr.end_s
         self._events.push(tr.end_s, TRANSFER, tr)
+        if self.on_transfer is not None:
+            self.on_transfer(now, tr)
         if direction == "in":
             self.swaps_in += 1
         else:
