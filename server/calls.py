@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .api_errors import ApiError
 from .tenancy import unqualify
 from .tokens import pieces
+
+if TYPE_CHECKING:
+    from .openai_format import ToolCall
 
 CallStatus = Literal["running", "ok", "cancelled", "failed"]
 
@@ -55,18 +58,21 @@ class CallRecord:
 
 
 class Call:
-    """A submitted request: the response text, its simulated length and progress."""
+    """A submitted request: the response text, its simulated length and progress. A call
+    answered with a tool call has `tool_call`, and `text` is its JSON arguments."""
 
-    __slots__ = ("rid", "record", "text", "_pieces", "sim_tokens", "finish_reason", "generated",
+    __slots__ = ("rid", "record", "text", "_pieces", "sim_tokens", "finish_reason", "tool_call", "generated",
                  "finished", "error", "changed")
 
-    def __init__(self, rid: str, record: CallRecord, text: str, sim_tokens: int, finish_reason: str) -> None:
+    def __init__(self, rid: str, record: CallRecord, text: str, sim_tokens: int, finish_reason: str,
+                 tool_call: ToolCall | None = None) -> None:
         self.rid = rid
         self.record = record
         self.text = text
         self._pieces = pieces(text)
         self.sim_tokens = sim_tokens
         self.finish_reason = finish_reason
+        self.tool_call = tool_call
         self.generated = 0
         self.finished = False
         self.error: ApiError | None = None

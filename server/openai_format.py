@@ -1,14 +1,150 @@
-"""OpenAI response objects and SSE framing for chat completions and completions."""
+"""OpenAI response objects and SSE framing for chat completions and completions, and the
+request's function tools (`tools`, `tool_choice`): parsed here, answered with `tool_calls`.
+
+A call that answers with a tool call carries a `ToolCall` (`Call.tool_call`); its `Call.text`
+is the call's JSON arguments, so streaming sends the arguments in pieces exactly as it sends
+text, with OpenAI's tool-call deltas (id and name first, then `function.arguments` pieces).
+"""
 
 from __future__ import annotations
 
 import json
+import re
+import reprlib
 import time
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
-from .calls import Call
+from .api_errors import bad_request
+from .tokens import count_tokens
+
+if TYPE_CHECKING:
+    from .calls import Call
 
 DONE = b"data: [DONE]\n\n"
+
+# ---------------------------------------------------------------------------- tools (request)
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
+ToolChoiceMode = Literal["none", "auto", "required", "function"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """One `{"type": "function", "function": {...}}` entry of `tools`."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=dict)  # JSON schema of the arguments
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    mode: ToolChoiceMode
+    name: str | None = None  # mode "function": the function the client forces
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRequest:
+    """The request's tools; `prompt_tokens`: the definitions as the model reads them."""
+
+    tools: tuple[ToolSpec, ...] = ()
+    choice: ToolChoice = ToolChoice("none")
+    prompt_tokens: int = 0
+
+    @property
+    def wanted(self) -> bool:
+        """Whether the reply may be a tool call (tools given, tool_choice not "none")."""
+        return bool(self.tools) and self.choice.mode != "none"
+
+    def spec(self, name: str) -> ToolSpec | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+
+NO_TOOLS = ToolRequest()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A reply that calls function `name`; `arguments` is a JSON object's text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+def _short(value: Any) -> str:
+    try:
+        return reprlib.repr(value)
+    except ValueError:  # a huge int's repr raises
+        return "a huge integer"
+
+
+def _tool(raw: Any, i: int) -> ToolSpec:
+    where = f"tools[{i}]"
+    if not isinstance(raw, Mapping) or raw.get("type") != "function":
+        raise bad_request(f"{where} must be an object with \"type\": \"function\", got {_short(raw)}", "tools")
+    fn = raw.get("function")
+    if not isinstance(fn, Mapping):
+        raise bad_request(f"{where}.function must be an object", "tools")
+    name = fn.get("name")
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+        raise bad_request(f"{where}.function.name must be 1-64 letters, digits, '_' or '-', got {_short(name)}",
+                          "tools")
+    desc = fn.get("description")
+    if desc is not None and not isinstance(desc, str):
+        raise bad_request(f"{where}.function.description must be a string", "tools")
+    params = fn.get("parameters")
+    if params is not None and not isinstance(params, Mapping):
+        raise bad_request(f"{where}.function.parameters must be a JSON schema object, got {_short(params)}",
+                          "tools")
+    for key, kind in (("properties", Mapping), ("required", list)):
+        if params is not None and params.get(key) is not None and not isinstance(params[key], kind):
+            raise bad_request(f"{where}.function.parameters.{key} must be "
+                              f"{'an object' if kind is Mapping else 'a list'}", "tools")
+    return ToolSpec(name, desc or "", params or {})
+
+
+def _tool_choice(raw: Any, tools: tuple[ToolSpec, ...]) -> ToolChoice:
+    if raw is None:
+        return ToolChoice("auto" if tools else "none")
+    if raw in ("none", "auto", "required"):
+        if raw == "required" and not tools:
+            raise bad_request("tool_choice \"required\" needs a non-empty 'tools'", "tool_choice")
+        return ToolChoice(raw)
+    fn = raw.get("function") if isinstance(raw, Mapping) and raw.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, Mapping) else None
+    if not isinstance(name, str):
+        raise bad_request("tool_choice must be \"none\", \"auto\", \"required\" or "
+                          f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {_short(raw)}",
+                          "tool_choice")
+    if not any(t.name == name for t in tools):
+        raise bad_request(f"tool_choice names function {_short(name)}, which is not in 'tools'", "tool_choice")
+    return ToolChoice("function", name)
+
+
+def parse_tools(body: Mapping[str, Any]) -> ToolRequest:
+    """`tools` and `tool_choice` of a chat request; malformed ones are a 400 naming the field.
+    An empty `tools` list means no tools (as vLLM and SGLang take it)."""
+    raw = body.get("tools")
+    if raw is not None and not isinstance(raw, list):
+        raise bad_request(f"'tools' must be a list of function tools, got {_short(raw)}", "tools")
+    tools = tuple(_tool(t, i) for i, t in enumerate(raw or ()))
+    choice = _tool_choice(body.get("tool_choice"), tools)
+    cost = count_tokens(json.dumps(raw, separators=(",", ":"))) if tools else 0
+    return ToolRequest(tools, choice, cost)
+
+
+def tool_call_of(call: Call) -> ToolCall | None:
+    """The tool call a call answers with (None: a text answer)."""
+    return call.tool_call
+
+
+def _tool_calls_json(tool: ToolCall, arguments: str, streaming: bool) -> list[dict[str, Any]]:
+    item: dict[str, Any] = {"id": tool.id, "type": "function", "function": {"name": tool.name,
+                                                                             "arguments": arguments}}
+    return [{"index": 0, **item}] if streaming else [item]
 
 
 def sse(obj: dict[str, Any]) -> bytes:
@@ -31,7 +167,11 @@ def topas_info(call: Call) -> dict[str, Any]:
 
 def full_response(kind: str, call: Call, model: str) -> dict[str, Any]:
     out = _head(kind, call.rid, int(time.time()), model, False)
-    if kind == "chat":
+    tool = tool_call_of(call)
+    if kind == "chat" and tool is not None:
+        message = {"role": "assistant", "content": None, "tool_calls": _tool_calls_json(tool, call.text, False)}
+        choice: dict[str, Any] = {"index": 0, "message": message}
+    elif kind == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": call.text}}
     else:
         choice = {"index": 0, "text": call.text}
@@ -49,14 +189,23 @@ class ChunkWriter:
         self.model = model
         self.include_usage = include_usage
         self.created = int(time.time())
+        self.tool = tool_call_of(call) if kind == "chat" else None
+
+    def _delta(self, text: str | None, first: bool) -> dict[str, Any]:
+        if self.tool is None:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if text:
+                delta["content"] = text
+            return delta
+        if first:  # id, type and name once, then argument pieces (what the OpenAI API sends)
+            return {"role": "assistant", "content": None,
+                    "tool_calls": _tool_calls_json(self.tool, "", True)}
+        return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]} if text else {}
 
     def _chunk(self, text: str | None, finish: str | None, first: bool = False) -> bytes:
         out = _head(self.kind, self.call.rid, self.created, self.model, True)
         if self.kind == "chat":
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
-            if text:
-                delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
+            choice: dict[str, Any] = {"index": 0, "delta": self._delta(text, first)}
         else:
             choice = {"index": 0, "text": text or ""}
         choice.update(logprobs=None, finish_reason=finish)

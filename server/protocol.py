@@ -1,7 +1,8 @@
 """Parsing and validating OpenAI request bodies (chat completions and completions).
 
 Only what the simulator needs is interpreted: the prompt text (token counts, responder
-input), `max_tokens`, `n` (must be 1), `stream` and `stream_options.include_usage`.
+input), `max_tokens`, `n` (must be 1), `stream`, `stream_options.include_usage`, and a chat
+request's `tools`/`tool_choice` (openai_format.parse_tools).
 Sampling parameters are accepted and ignored. Errors are `ApiError(400)` naming the field.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Literal
 
 from . import tokens
 from .api_errors import bad_request
+from .openai_format import NO_TOOLS, ToolRequest, parse_tools
 
 CallKind = Literal["chat", "completion"]
 # Largest max_tokens accepted: above any KV budget (such a call is a 400 anyway), and it keeps
@@ -39,6 +41,7 @@ class ParsedCall:
     include_usage: bool
     prompt_tokens: int  # whole prompt, framing included (chat)
     system_tokens: int  # leading system messages: the default agent-prefix estimate
+    tools: ToolRequest = NO_TOOLS  # chat: the function tools offered and tool_choice
 
     @property
     def last_user(self) -> str:
@@ -161,8 +164,9 @@ def parse_chat(body: Any) -> ParsedCall:
             break
         leading.append(m.content)
     system = sum(tokens.message_tokens(c) for c in leading)
-    prompt = tokens.chat_tokens(m.content for m in messages)
-    return ParsedCall("chat", model, messages, max_tokens, stream, usage, prompt, system)
+    tools = parse_tools(body)
+    prompt = tokens.chat_tokens(m.content for m in messages) + tools.prompt_tokens
+    return ParsedCall("chat", model, messages, max_tokens, stream, usage, prompt, system, tools)
 
 
 def parse_completion(body: Any) -> ParsedCall:

@@ -23,6 +23,8 @@ from .calls import Call, CallRecord
 from .config import ServerConfig
 from .engine_loop import EngineLike, EngineLoop
 from .labelling import ResolvedLabel
+from .metrics import ServiceMetrics
+from .openai_format import ToolCall
 from .protocol import ParsedCall
 from .responders import Responder, ResponseContext
 from .tasks import Action, StageDoneAction, TaskTracker
@@ -52,6 +54,7 @@ class SimService:
         self.records: collections.deque[CallRecord] = collections.deque(maxlen=config.max_call_history)
         self.requests: collections.Counter[tuple[str, int]] = collections.Counter()  # (endpoint, status)
         self.call_status: collections.Counter[str] = collections.Counter()
+        self.metrics = ServiceMetrics(self)  # /metrics: this service's own registry and histograms
         self.draining = False
         self._finished: list[tuple[str, float]] = []
 
@@ -122,24 +125,29 @@ class SimService:
             return lab.workflow.stage(lab.stage).output_tokens.sample(rng), True
         return None, False
 
-    def _response(self, call: ParsedCall, lab: ResolvedLabel, round_: int) -> tuple[str, int, int, str]:
-        """(text, simulated output tokens, decode reservation, finish_reason)."""
+    def _response(self, call: ParsedCall, lab: ResolvedLabel,
+                  round_: int) -> tuple[str, int, int, str, ToolCall | None]:
+        """(text, simulated output tokens, decode reservation, finish_reason, tool call); a
+        tool call's text is its JSON arguments."""
         target, from_stage = self._length(call, lab, round_)
         ctx = ResponseContext(call.kind, call.messages, call.last_user, lab.task_id, lab.stage, lab.agent,
-                              round_, lab.labelled, target)
-        text = self.responder.respond(ctx)[: self.config.max_response_chars]
+                              round_, lab.labelled, target, call.tools)
+        reply = self.responder.respond(ctx)
+        tool = reply if isinstance(reply, ToolCall) else None
+        text = (tool.arguments if tool else reply)[: self.config.max_response_chars]
+        done = "tool_calls" if tool else "stop"
         natural = max(1, count_tokens(text))
         if from_stage:  # the workload decides the simulated length; the text stays whole
-            return text, target or 1, target or 1, "stop"
+            return text, target or 1, target or 1, done, tool
         limit = call.max_tokens if call.max_tokens is not None else self.config.default_max_tokens
         if natural > limit:
-            return truncate(text, limit), limit, call.max_tokens or limit, "length"
-        return text, natural, call.max_tokens or natural, "stop"
+            return truncate(text, limit), limit, call.max_tokens or limit, "length", tool
+        return text, natural, call.max_tokens or natural, done, tool
 
     def _submit(self, rid: str, call: ParsedCall, lab: ResolvedLabel, endpoint: str) -> Call:
         arrival, _ = self.tracker.check_call(lab.task_id, lab.workflow_name)
         round_ = self.tracker.next_round(lab.task_id, lab.stage)
-        text, n_out, max_new, reason = self._response(call, lab, round_)
+        text, n_out, max_new, reason, tool = self._response(call, lab, round_)
         now = self.engine.now
         input_tokens = max(1, call.prompt_tokens - lab.prefix_tokens)
         req = self._make_request(
@@ -158,7 +166,7 @@ class SimService:
                             lab.task_id, lab.stage, lab.agent, lab.workflow_name, round_, lab.prefix_tokens,
                             lab.prefix_source, input_tokens, n_out, max_new, now, tenant=lab.tenant)
         self.records.append(record)
-        c = Call(rid, record, text, n_out, reason)
+        c = Call(rid, record, text, n_out, reason, tool)
         self.calls[rid] = c
         return c
 
@@ -175,6 +183,8 @@ class SimService:
         c.record.finish_reason = c.finish_reason if status == "ok" else status
         self.call_status[status] += 1
         r = c.record
+        if status == "ok":
+            self.metrics.observe_call(r)
         self._apply(self.tracker.end_call(r.task_id, r.stage, status == "ok", t, self._wall()))
 
     def _fail_all(self, err: ApiError, status: str) -> None:

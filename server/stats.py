@@ -6,9 +6,11 @@ Built inside the engine task (it reads the engine's snapshot and stats).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, get_args
 
 from topas_agents.percentile import percentile_or_none
+from topas_agents.snapshot import PrefixLocation
 
 from .tasks import TaskState
 from .tenancy import Tenant, owned_by, unqualify
@@ -59,6 +61,19 @@ def engine_view(svc: SimService, tenant: Tenant = None) -> dict[str, Any]:
             for p in snap.prefixes if owned_by(tenant, p.agent)
         ],
     }
+
+
+LOCATIONS: tuple[PrefixLocation, ...] = get_args(PrefixLocation)
+
+
+def prefixes_by_location(prefixes: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
+    """location -> (prefix count, their tokens), every location present (zeros included);
+    `prefixes` as in `engine_view`. An unknown location (another engine's) is kept too."""
+    out: dict[str, tuple[int, int]] = {loc: (0, 0) for loc in LOCATIONS}
+    for p in prefixes:
+        n, toks = out.get(p["location"], (0, 0))
+        out[p["location"]] = (n + 1, toks + int(p["tokens"]))
+    return out
 
 
 def jct_summary(svc: SimService) -> dict[str, Any]:

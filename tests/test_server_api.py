@@ -222,12 +222,12 @@ def test_metrics_are_valid_prometheus_text(server, client) -> None:
             families[name] = kind
         elif not line.startswith("# HELP"):
             assert _SAMPLE.match(line), line
-    for name in ("topas_requests_total", "topas_requests_waiting", "topas_requests_running",
+    for name in ("topas_http_requests_total", "topas_num_requests_waiting", "topas_num_requests_running",
                  "topas_kv_used_tokens", "topas_kv_budget_tokens", "topas_decisions_total",
-                 "topas_decision_latency_ms", "topas_task_jct_seconds"):
+                 "topas_decision_latency_seconds", "topas_task_jct_seconds"):
         assert name in families, name
     assert families["topas_task_jct_seconds"] == "summary"
-    assert re.search(r'topas_requests_total\{endpoint="/v1/chat/completions",status="200"\} [1-9]', r.text)
+    assert re.search(r'topas_http_requests_total\{endpoint="/v1/chat/completions",status="200"\} [1-9]', r.text)
     assert re.search(r"^topas_decisions_total [1-9]", r.text, re.M)
 
 
