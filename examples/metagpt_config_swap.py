@@ -1,55 +1,91 @@
 """Swapping MetaGPT's LLM endpoint: the config file for MetaGPT itself, and a fresh
 per-run Config in code, so one process can drive several servers.
 
-    python examples/metagpt_config_swap.py [--root .topas/example-swap] [--time-scale 50]
+    topas serve --port 8000 --time-scale 50        # server A, in another terminal (README)
+    python examples/metagpt_config_swap.py [--base-url http://127.0.0.1:8000/v1] [--root .topas/example-swap]
 
 1. `write_config(root, url)` (= `topas metagpt config --base-url URL --root DIR`) writes or
-   patches `<root>/config/config2.yaml`; MetaGPT reads it at import when
-   METAGPT_PROJECT_ROOT=<root>. `prepare_metagpt(root)` does both, explicitly.
+   patches `<root>/config/config2.yaml` with server A (`--base-url`, default the README's
+   `topas serve`); MetaGPT reads it at import when METAGPT_PROJECT_ROOT=<root>.
+   `prepare_metagpt(root)` does both, explicitly. The file keeps pointing at A after the
+   example ends, so `METAGPT_PROJECT_ROOT=<root>` scripts can keep using it while A runs.
 2. Every run builds its own Context (`RunOptions.base_url` -> `metagpt_context`), so two SOP
-   tasks go to two different servers here (policies fcfs and topas), with nothing global
-   changed between them; each server's stats show only its own task.
+   tasks go to two different servers here (A, and B: an embedded simulator this example
+   starts, policy topas), with nothing global changed between them; each server's stats show
+   only its own task. Task ids are fresh per run, so the example can be run again against A.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+import uuid
 from pathlib import Path
+
+README_SERVER = "http://127.0.0.1:8000/v1"  # `topas serve` (README): --host 127.0.0.1 --port 8000
+
+
+def _server_a(url: str) -> None:
+    """Fail in one line, with the command that starts A, when nothing answers at `url`."""
+    from topas_agents.errors import ConfigError
+    from topas_agents.integrations.metagpt.server_api import probe_server, server_info
+
+    try:
+        probe_server(url)
+    except ConfigError as exc:
+        sys.exit(f"{exc}\nstart server A first: topas serve --port 8000 --time-scale 50 "
+                 "(or pass --base-url URL of a running server)")
+    info = server_info(url)
+    if info.simulated and info.clock_scale < 10:  # `topas serve`'s default 1: ~75 wall s per SOP task
+        print(f"note: server A runs at time scale {info.clock_scale:g}, so its task takes a minute or more "
+              "(`topas serve --time-scale 50`: seconds)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", default=README_SERVER,
+                    help=f"server A, written to config2.yaml (default {README_SERVER}: `topas serve`)")
     ap.add_argument("--root", default=".topas/example-swap", help="MetaGPT root for this example")
-    ap.add_argument("--time-scale", type=float, default=50.0)
+    ap.add_argument("--time-scale", type=float, default=50.0, help="server B (embedded): time scale")
     ap.add_argument("--prompt", default="Create a snake game.")
     args = ap.parse_args()
 
-    from topas_agents.integrations.metagpt.config_file import read_config, write_config
+    from topas_agents.integrations.metagpt.config_file import home_overrides, read_config, write_config
     from topas_agents.integrations.metagpt.environment import prepare_metagpt
-    from topas_agents.integrations.metagpt.server_api import embedded_server, fetch_stats, register_workflow
+    from topas_agents.integrations.metagpt.server_api import (
+        embedded_server,
+        fetch_stats,
+        register_workflow,
+        server_info,
+    )
 
-    with embedded_server(policy="fcfs", time_scale=args.time_scale) as a, \
-            embedded_server(policy="topas", time_scale=args.time_scale) as b:
-        # (1) the file MetaGPT reads at import: point it at server A
-        path = write_config(args.root, a.url, model="topas-sim")
-        print(f"config file {path}: llm.base_url = {read_config(args.root)['llm']['base_url']}")
-        prepare_metagpt(args.root, log_level="ERROR")
+    _server_a(args.base_url)
+    # (1) the file MetaGPT reads at import: point it at server A
+    path = write_config(args.root, args.base_url, model="topas-sim")
+    print(f"config file {path}: llm.base_url = {read_config(args.root)['llm']['base_url']}")
+    if home_overrides():
+        print("note: ~/.metagpt/config2.yaml has an llm section, which MetaGPT reads last: it wins over this file")
+    prepare_metagpt(args.root, log_level="ERROR")
 
-        from topas_agents.integrations.metagpt.runner import RunOptions, TaskSpec, label_workflow, run_task
+    from topas_agents.integrations.metagpt.runner import RunOptions, TaskSpec, label_workflow, run_task
 
+    run = uuid.uuid4().hex[:6]  # a server closes a finished task id for good
+    with embedded_server(policy="topas", time_scale=args.time_scale) as b:
+        servers = (("A", args.base_url), ("B", b.url))
         # (2) per run: a fresh Config/Context for each server, no global state touched
-        for name, server in (("A (fcfs)", a), ("B (topas)", b)):
-            register_workflow(server.url, label_workflow("sop"))
-            options = RunOptions(base_url=server.url, workflow="sop", root=Path(args.root),
-                                 send_max_tokens=False, parse_retries=2)
-            result = asyncio.run(run_task(TaskSpec(f"swap-{name[0].lower()}", args.prompt), options))
+        for name, url in servers:
+            register_workflow(url, label_workflow("sop"))
+            options = RunOptions(base_url=url, workflow="sop", root=Path(args.root), send_max_tokens=False,
+                                 parse_retries=2)
+            result = asyncio.run(run_task(TaskSpec(f"swap-{name.lower()}-{run}", args.prompt), options))
+            note = server_info(url).artifacts_note  # simulated engine: the files are templates
             print(f"server {name}: task {result.task_id} success={result.success} calls={result.calls} "
-                  f"artifacts={result.artifacts}")
-        for name, server in (("A", a), ("B", b)):
-            stats = fetch_stats(server.url) or {}
-            seen = sorted({c["task_id"] for c in stats.get("calls", [])})
-            print(f"server {name} ({stats['server']['policy']}) saw tasks {seen}")
+                  f"artifacts={result.artifacts}" + (f" ({note})" if note else ""))
+        for name, url in servers:
+            stats = fetch_stats(url) or {}
+            seen = sorted({c["task_id"] for c in stats.get("calls", []) if c["task_id"].endswith(run)})
+            print(f"server {name} ({stats['server']['policy']}) saw this run's tasks {seen}")
 
 
 if __name__ == "__main__":

@@ -74,12 +74,29 @@ def test_summary_counts_failures_and_excludes_them_from_jct(ev):
         ev.EvalConfig(rate=0)
 
 
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_jct_cdf_and_bar_plots_are_pngs_and_tolerate_failed_tasks(tmp_path):
+    from topas_agents.bench.plots import plot_jct_bars, plot_jct_cdf
+
+    cdf = plot_jct_cdf({"fcfs": [30.0, 10.0, None], "topas": [9.0, 12.0, 20.0], "lpm": [None]},
+                       tmp_path / "a" / "cdf.png", title="t", unit="simulated s")
+    bars = plot_jct_bars({"fcfs": {"mean_jct_s": 20.0, "p99_jct_s": 29.8},
+                          "lpm": {"mean_jct_s": None, "p99_jct_s": None}}, tmp_path / "bars.png")
+    for path in (cdf, bars):
+        assert path.read_bytes().startswith(PNG) and path.stat().st_size > 5000
+    with pytest.raises(ConfigError, match="--plot"):
+        plot_jct_cdf({"fcfs": [1.0]}, tmp_path / "bars.png" / "x.png")  # a file where a dir must be
+
+
 @metagpt_only
 def test_eval_cli_runs_each_policy_on_the_same_arrivals(tmp_path, capsys):
     out = tmp_path / "eval.json"
     rc = main(["eval", "softwaredev", "--workflow", "sop", "--rate", "0.5", "--policies", "fcfs,topas",
                "--limit", "2", "--time-scale", "400", "--parse-retries", "1", "--root", str(tmp_path),
-               "--json", str(out), "--no-progress", "--trace-dir", str(tmp_path / "traces")])
+               "--json", str(out), "--no-progress", "--trace-dir", str(tmp_path / "traces"),
+               "--plot", str(tmp_path / "plots")])
     captured = capsys.readouterr()
     assert rc == 0, captured.err[-2000:]
     lines = captured.out.splitlines()
@@ -92,6 +109,13 @@ def test_eval_cli_runs_each_policy_on_the_same_arrivals(tmp_path, capsys):
         assert entry["summary"]["mean_jct_s"] > 0
         assert [r["task_id"] for r in entry["results"]] == ["sd00", "sd01"]
         assert (tmp_path / "traces" / f"{policy}.jsonl").exists()
+        # every task's JCT, in task order, so the CDF can be redrawn from the JSON
+        assert len(entry["jcts_s"]) == doc["tasks"] and entry["jcts_s"] == [r["jct_s"] for r in entry["results"]]
+        assert all(j > 0 for j in entry["jcts_s"])
+    assert "echo responder, not real code" in doc["artifacts_note"]
+    for name in ("jct_cdf.png", "jct_summary.png"):
+        assert (tmp_path / "plots" / name).read_bytes().startswith(PNG)
+        assert f"plot: {tmp_path / 'plots' / name}" in captured.err
 
 
 @metagpt_only

@@ -35,10 +35,35 @@ def test_labelled_pipeline(monkeypatch, capsys):
 @pytest.mark.metagpt
 @needs_metagpt
 def test_metagpt_config_swap(monkeypatch, capsys, tmp_path):
-    _run(monkeypatch, "metagpt_config_swap.py", "--root", str(tmp_path / "mg"), "--time-scale", "400")
-    out = capsys.readouterr().out
-    assert "config file" in out and out.count("success=True calls=7") == 2
-    assert "server A (fcfs) saw tasks ['swap-a']" in out and "server B (topas) saw tasks ['swap-b']" in out
+    """Against a running server A (as `topas serve` would be): the config file it leaves points
+    at A, which still answers, and a second run against the same A works too."""
+    from topas_agents.integrations.metagpt.config_file import read_config
+    from topas_agents.integrations.metagpt.server_api import embedded_server, probe_server
+
+    root = tmp_path / "mg"
+    with embedded_server(policy="fcfs", time_scale=400) as a:
+        for _ in range(2):
+            _run(monkeypatch, "metagpt_config_swap.py", "--base-url", a.url, "--root", str(root),
+                 "--time-scale", "400")
+            out = capsys.readouterr().out
+            assert f"llm.base_url = {a.url}" in out and out.count("success=True calls=7") == 2
+            assert "server A (fcfs) saw this run's tasks ['swap-a-" in out
+            assert "server B (topas) saw this run's tasks ['swap-b-" in out
+            assert out.count("(templates from the simulated engine's echo responder, not real code)") == 2
+        assert read_config(root)["llm"]["base_url"] == a.url
+        probe_server(read_config(root)["llm"]["base_url"])  # the written endpoint is alive
+
+
+def test_metagpt_config_swap_without_a_server_says_how_to_start_one(monkeypatch, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    with pytest.raises(SystemExit) as exc:
+        _run(monkeypatch, "metagpt_config_swap.py", "--base-url", dead, "--root", str(tmp_path / "mg"))
+    assert "cannot reach the server" in str(exc.value) and "topas serve --port 8000" in str(exc.value)
+    assert not (tmp_path / "mg").exists()  # nothing written for a dead endpoint
 
 
 @pytest.mark.metagpt

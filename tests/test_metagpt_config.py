@@ -188,15 +188,16 @@ def test_prepare_metagpt_writes_nothing_outside_its_root(tmp_path):
         import metagpt.team, metagpt.const
         from topas_agents.integrations.metagpt import context
         ctx = context.metagpt_context("http://127.0.0.1:9/v1", rt.root, "proj_x")
-        print(metagpt.const.METAGPT_ROOT, ctx.config.workspace.path, ctx.config.llm.stream)
+        print(metagpt.const.METAGPT_ROOT, ctx.config.workspace.path, context.artifacts_dir(ctx), ctx.config.llm.stream)
         """)
     env = {k: v for k, v in os.environ.items() if k not in ("METAGPT_PROJECT_ROOT", "AGENTOPS_LOGGING_TO_FILE")}
     env["HOME"] = str(home)
     out = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
                          timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
-    mg_root, workspace, stream = out.stdout.split()
-    assert Path(mg_root) == root.resolve() and Path(workspace) == root.resolve() / "workspace" / "proj_x"
+    mg_root, workspace, artifacts, stream = out.stdout.split()
+    assert Path(mg_root) == root.resolve() and Path(workspace) == root.resolve() / "workspace"
+    assert Path(artifacts) == root.resolve() / "workspace" / "proj_x"  # MetaGPT's layout, not nested twice
     assert stream == "False"
     assert _files(cwd) == set() and _files(home) == set()
     assert {"config/config2.yaml", "logs", "workspace"} <= _files(root)

@@ -73,7 +73,8 @@ async def test_sop_two_concurrent_tasks_every_call_labelled(mg, tmp_path):
         assert r.calls_per_stage == {"write_prd": 1, "write_design": 1, "write_tasks": 1, "write_code": 4}
         assert r.unmatched_prompts == 0 and r.jct_s and r.jct_s > 0
         assert sorted(p.name for p in Path(r.artifacts).rglob("*.py")) == ["game.py", "main.py"]
-        assert Path(r.artifacts).is_relative_to(tmp_path / "workspace")
+        assert Path(r.artifacts).parent == tmp_path / "workspace"  # <root>/workspace/<project>/, not nested
+        assert (Path(r.artifacts) / Path(r.artifacts).name).is_dir()  # MetaGPT's source package inside
         calls = _check_labels(stats, wf, r.task_id, SOP_ORDER)
         assert r.server["calls"] == len(calls) == r.calls
     _check_overlap(stats, "sop-0", "sop-1")
@@ -128,12 +129,37 @@ async def test_team_run_raising_is_a_failure(mg, tmp_path, monkeypatch):
     assert not r.success and r.error == "RuntimeError: disk full" and r.calls == 0
 
 
-async def test_qa_runs_generated_code_only_in_the_sandbox(mg, tmp_path, capfd):
-    wf, results, stats, rec = await _run(mg, tmp_path, "sop", ["Create a snake game."], qa=True)
+async def test_qa_runs_generated_code_only_in_the_sandbox(mg, tmp_path, capfd, monkeypatch):
+    import tempfile
+
+    system_tmp = tmp_path / "system-tmp"  # where tempfile would put anything "temporary"
+    system_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+    wf, results, stats, rec = await _run(mg, tmp_path / "root", "sop", ["Create a snake game."], qa=True)
     (r,) = results
     assert r.success, r.error
     assert wf.name == "metagpt-sop" and r.calls_per_stage["qa"] >= 2
     assert {c["agent"] for c in _server_calls(stats, r.task_id) if c["stage"] == "qa"} == {"qa_engineer"}
-    assert not Path(r.artifacts).is_relative_to(tmp_path)  # QA workspaces live in a temp sandbox
-    assert "topas-qa-" in r.artifacts
+    art = Path(r.artifacts)  # the project is where MetaGPT users look: <root>/workspace/<project>/
+    assert art.parent == tmp_path / "root" / "workspace" and (art / ".git").is_dir()
+    assert (art / art.name).is_dir() and any((art / "tests").glob("test_*.py"))
+    assert list(system_tmp.iterdir()) == []  # nothing in the system temp dir
+    assert not (tmp_path / "root" / "sandbox").exists()  # the task's sandbox is gone
     assert "No module named pip" in capfd.readouterr().err  # RunCode's pip installs fail in the sandbox
+
+
+async def test_a_failed_qa_task_removes_its_sandbox(mg, tmp_path, monkeypatch):
+    from metagpt.team import Team
+
+    seen = []
+
+    async def boom(self, *args, **kwargs):
+        seen.extend((tmp_path / "sandbox").iterdir())  # the sandbox exists while the team runs
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(Team, "run", boom)
+    wf, results, stats, rec = await _run(mg, tmp_path, "sop", ["Create a snake game."], qa=True)
+    (r,) = results
+    assert not r.success and r.error == "RuntimeError: disk full"
+    assert len(seen) == 1 and seen[0].name.startswith("topas-qa-")
+    assert not (tmp_path / "sandbox").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,11 @@ def test_run_sop_prompt_prints_a_json_summary_and_writes_json_and_trace(tmp_path
     assert task["success"] and task["error"] is None
     assert task["stages"] == ["write_prd", "write_design", "write_tasks", "write_code"]
     assert task["calls"] == 7 and task["jct_s"] > 0
-    assert task["artifacts"].startswith(str(tmp_path / "mg" / "workspace"))
+    art = Path(task["artifacts"])  # the generated repo: <root>/workspace/<project>/, MetaGPT's layout
+    assert art.parent == tmp_path / "mg" / "workspace" and (art / art.name).is_dir()
+    note = "templates from the simulated engine's echo responder, not real code"
+    assert task["artifacts_note"] == note  # said next to the path: the files are not real code
+    assert f"artifacts of sop-0: {art} ({note})" in captured.err
     assert json.loads(out.read_text())["details"][0]["server"]["calls"] == 7
     (plan,) = load_trace(trace)
     assert plan.task_id == "sop-0" and sum(len(r) for r in plan.rounds.values()) == 7
@@ -109,8 +114,11 @@ def test_a_server_refusing_the_key_is_a_one_line_error(tmp_path, capsys):
                    "--api-key", "secret-key", "--parse-retries", "1", "--task-id-prefix", "sop"])
         captured = capsys.readouterr()
         assert rc == 0, captured.err[-2000:]
-        (task,) = json.loads(captured.out)["tasks"]
+        doc = json.loads(captured.out)
+        (task,) = doc["tasks"]
         assert task["success"] and task["calls"] == 7
+        # a --server on the simulated engine reports JCT in its own clock, and its files are templates
+        assert doc["jct_unit"] == "simulated seconds" and "echo responder" in task["artifacts_note"]
         stats = handle.service.tracker  # the server saw the task under the key's namespace, done by the client
         assert any(t.endswith("/sop-0") and s.done_reason == "explicit" for t, s in stats.finished.items())
 
@@ -123,3 +131,15 @@ def test_two_runs_get_distinct_task_ids(tmp_path, capsys):
         (task,) = json.loads(capsys.readouterr().out)["tasks"]
         ids.append(task["task_id"])
     assert ids[0] != ids[1] and all(t.startswith("sop-") and t.endswith("-0") for t in ids)
+
+
+def test_server_info_gives_the_jct_unit_and_the_artifacts_note():
+    from topas_agents.integrations.metagpt.server_api import ServerInfo
+
+    plain = ServerInfo()  # not a Topas server (no /v1/topas/stats): wall clock, maybe real code
+    assert (plain.jct_unit, plain.clock_scale, plain.artifacts_note) == ("wall seconds", 1.0, None)
+    sim = ServerInfo(engine="sim", responder="echo", time_scale=50.0)
+    assert sim.jct_unit == "simulated seconds" and sim.clock_scale == 50.0
+    assert sim.artifacts_note == "templates from the simulated engine's echo responder, not real code"
+    assert ServerInfo(engine="sim", responder="replay", time_scale=1.0).artifacts_note is None  # recorded replies
+    assert ServerInfo(engine="sglang", time_scale=1.0).artifacts_note is None

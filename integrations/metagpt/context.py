@@ -1,8 +1,9 @@
 """`metagpt_context(...)`: a fresh MetaGPT `Context` per run (needs MetaGPT imported).
 
 MetaGPT mutates the run's Config (`project_path`) and deletes an existing project directory
-of the same name, so every run gets its own Config, its own workspace directory and a
-unique project name. Streaming is off (MetaGPT's default streams and prints every chunk),
+of the same name, so every run gets its own Config and a unique project name; the generated
+repository is at `<root>/workspace/<project_name>/`, as with MetaGPT's own CLI (its source
+package is `<that>/<project_name>/`). Streaming is off (MetaGPT's default streams and prints every chunk),
 and cost accounting is off (an unknown model only produces warnings).
 """
 
@@ -43,15 +44,24 @@ def metagpt_context(base_url: str, root: str | Path, project_name: str | None = 
                     model: str = DEFAULT_MODEL, api_key: str = DEFAULT_API_KEY, max_tokens: int = 4096,
                     timeout_s: int = 600, code_review_k_times: int = 2,
                     context_cls: type[Context] = Context) -> Context:
-    """A new Context whose workspace is `<root>/workspace/<project_name>/` (artifacts in
-    `<that>/<project_name>/`). `project_name` defaults to a fresh unique one."""
+    """A new Context whose workspace is `<root>/workspace/` and whose project (the artifacts)
+    is `<root>/workspace/<project_name>/`. `project_name` defaults to a fresh unique one."""
     name = project_name or project_name_for("topas")
-    workspace = Path(root).resolve() / "workspace" / name
+    workspace = workspace_dir(root)
     config = Config(llm=llm_config(base_url, model=model, api_key=api_key, max_tokens=max_tokens,
                                    timeout_s=timeout_s),
                     workspace=WorkspaceConfig(path=workspace), project_name=name,
                     code_review_k_times=code_review_k_times)
     return context_cls(config=config)
+
+
+def workspace_dir(root: str | Path) -> Path:
+    return Path(root).resolve() / "workspace"
+
+
+def project_dir(root: str | Path, project_name: str) -> Path:
+    """Where MetaGPT puts the project `project_name` of a context made by `metagpt_context`."""
+    return workspace_dir(root) / project_name
 
 
 def artifacts_dir(ctx: Context) -> Path:

@@ -3,8 +3,10 @@ per task, against the embedded simulator once per policy (or one external server
 
 Rate units: tasks per simulated second on the embedded server (arrival offsets are divided
 by `time_scale` to get wall time), tasks per wall second against `--server`. JCT is the
-server's (`/v1/topas/stats`, simulated seconds) when it reports one, else the client's
-(first call submitted -> last call done, recorder clock). Failed tasks are counted and
+server's (`/v1/topas/stats`; simulated seconds on a simulated engine, embedded or not) when
+it reports one, else the client's (first call submitted -> last call done, recorder clock).
+Per policy, `jcts_s` lists every task's JCT in task order (null: the task failed), so a CDF
+can be redrawn from the JSON; `plot_eval` draws it. Failed tasks are counted and
 excluded from the JCT statistics. `in LLM` (mean_llm_s) is JCT minus the client's own time
 between a task's calls (MetaGPT's processing, scaled by time_scale on the embedded server):
 the part of the JCT that the server's scheduling decides.
@@ -43,7 +45,7 @@ from .runner import (
     label_workflow,
     run_tasks,
 )
-from .server_api import embedded_server, fetch_stats, probe_server, register_workflow
+from .server_api import ServerInfo, embedded_server, fetch_stats, probe_server, register_workflow, server_info
 from .softwaredev import SoftwareDevPrompt
 
 EXTERNAL = "external"
@@ -124,8 +126,6 @@ async def _run_policy(policy: str, url: str, config: EvalConfig, specs: list[Tas
                                                                                          CallRecorder]:
     wf = label_workflow(config.workflow)
     key = config.api_key if config.server is not None else None
-    if config.server is not None:
-        probe_server(url, key)  # a dead server: one line in seconds, not MetaGPT's minutes of retries
     register_workflow(url, wf, key)
     recorder = CallRecorder(scaled_clock(clock_scale))
     extra: dict[str, Any] = {"model": config.model} if config.model else {}
@@ -159,10 +159,15 @@ async def evaluate(config: EvalConfig, prompts: Sequence[SoftwareDevPrompt], *, 
     specs = make_specs(prompts, config.tasks)
     arrivals = poisson_arrivals(len(specs), config.rate, config.seed)
     policies = config.policies if config.server is None else (EXTERNAL,)
+    external = _external_info(config)
+    scale = config.time_scale if external is None else external.time_scale if external.simulated else None
     bar = _progress(len(specs) * len(policies), progress)
     out: dict[str, Any] = {"workflow": label_workflow(config.workflow).name, "rate": config.rate,
-                           "tasks": len(specs), "time_scale": config.time_scale if config.server is None else None,
-                           "server": config.server or "embedded", "seed": config.seed, "policies": {}}
+                           "tasks": len(specs), "time_scale": scale, "server": config.server or "embedded",
+                           "seed": config.seed, "policies": {}}
+    note = ServerInfo(engine="sim", responder="echo").artifacts_note if external is None else external.artifacts_note
+    if note:
+        out["artifacts_note"] = note
     try:
         for policy in policies:
             if bar is not None:
@@ -175,17 +180,45 @@ async def evaluate(config: EvalConfig, prompts: Sequence[SoftwareDevPrompt], *, 
                     results, recorder = await _run_policy(policy, handle.url, config, specs, arrivals,
                                                           config.time_scale, done)
             else:
-                results, recorder = await _run_policy(policy, config.server, config, specs, arrivals, 1.0, done)
+                results, recorder = await _run_policy(policy, config.server, config, specs, arrivals,
+                                                      external.clock_scale, done)
             if trace_dir is not None:
                 from .recorder import save_trace
 
                 save_trace(trace_dir / f"{policy}.jsonl", recorder.records)
             out["policies"][policy] = {"summary": {**summarize(results), "wall_s": round(time.monotonic() - t0, 2)},
+                                       "jcts_s": [r.jct_s if r.success else None for r in results],
                                        "results": [r.to_json() for r in results]}
     finally:
         if bar is not None:
             bar.close()
     return out
+
+
+def _external_info(config: EvalConfig) -> ServerInfo | None:
+    """The --server's self-description (None: embedded); a dead server fails here, at once."""
+    if config.server is None:
+        return None
+    probe_server(config.server, config.api_key)  # one line in seconds, not MetaGPT's minutes of retries
+    return server_info(config.server, config.api_key)
+
+
+def plot_eval(doc: dict[str, Any], directory: str | Path) -> list[Path]:
+    """`DIR/jct_cdf.png` (per-task JCT CDF, one line per policy) and `DIR/jct_summary.png`
+    (mean and p99 JCT per policy) from an `evaluate` document."""
+    from topas_agents.bench.plots import plot_jct_bars, plot_jct_cdf
+
+    unit = "simulated s" if doc.get("time_scale") else "s"
+    where = (f"embedded, time scale {doc['time_scale']:g}" if doc["server"] == "embedded"
+             else f"server {doc['server']}")
+    title = (f"SoftwareDev on {doc['workflow']}: {doc['tasks']} tasks per policy\n"
+             f"Poisson rate {doc['rate']:g} tasks/{unit}, seed {doc['seed']} ({where})")
+    out = Path(directory)
+    policies = doc["policies"]
+    return [plot_jct_cdf({p: e["jcts_s"] for p, e in policies.items()}, out / "jct_cdf.png", title=title,
+                         unit=unit),
+            plot_jct_bars({p: e["summary"] for p, e in policies.items()}, out / "jct_summary.png", title=title,
+                          unit=unit)]
 
 
 def format_table(doc: dict[str, Any]) -> str:

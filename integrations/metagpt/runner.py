@@ -5,6 +5,10 @@ workspace and project name, every LLM call labelled (task, stage, agent, prefix_
     results = await run_tasks([TaskSpec("t1", "Create a snake game.")],
                               RunOptions(base_url="http://127.0.0.1:8000/v1", workflow="sop"))
 
+Artifacts: `<root>/workspace/<project>/` (MetaGPT's layout; the project name is unique per
+task). With `qa`, the QaEngineer's test runs happen in a per-task bubblewrap sandbox under
+`<root>/sandbox/` that can write only that project dir; it is removed when the task ends.
+
 A `Team.run` that returns None (MetaGPT swallows exceptions and returns None) or raises,
 or that ends before its workflow finished (the Engineer's summary for SOP, the TL's last
 hop for TL), is a FAILED task with an error message, never a silent pass.
@@ -34,12 +38,12 @@ from topas_agents.labels import label
 from topas_agents.workflow import Workflow, load_workflow
 
 from .config_file import DEFAULT_API_KEY, DEFAULT_MODEL, DEFAULT_ROOT
-from .context import artifacts_dir, metagpt_context, project_name_for
+from .context import artifacts_dir, metagpt_context, project_dir, project_name_for
 from .patches import fast_retries
 from .provider import ProviderOptions, TopasOpenAILLM
 from .recorder import CallRecord, CallRecorder
 from .roles import StageMap, describe_error, make_role
-from .sandbox import SandboxContext, make_sandbox, sandbox_available
+from .sandbox import SandboxContext, sandbox, sandbox_available
 from .server_api import notify_task_done
 from .team_leader import TeamLeader, wire_star
 
@@ -159,14 +163,13 @@ def _build_team(options: RunOptions, ctx: Any, stages: StageMap, llm: Callable[[
     return _Team(team, roles, lambda: tl.topas_finished, tl.name)
 
 
-def _context(spec: TaskSpec, options: RunOptions) -> Any:
+def _context(options: RunOptions, name: str, box: Path | None) -> Any:
+    """The task's Context; with a QA sandbox `box`, one whose `python` is the sandbox shim."""
     common = dict(model=options.model, api_key=options.api_key, max_tokens=options.max_tokens,
                   timeout_s=options.timeout_s)
-    name = project_name_for(spec.task_id)
-    if not options.qa:
+    if box is None:
         return metagpt_context(options.base_url, options.root, name, **common)
-    box = make_sandbox()  # QA runs generated code: workspace and shim live in a temp dir
-    ctx = metagpt_context(options.base_url, box / "root", name, context_cls=SandboxContext, **common)
+    ctx = metagpt_context(options.base_url, options.root, name, context_cls=SandboxContext, **common)
     ctx.sandbox_dir = str(box)
     return ctx
 
@@ -193,14 +196,18 @@ async def run_task(spec: TaskSpec, options: RunOptions, recorder: CallRecorder |
     """Run one task (see module doc); never raises for a failed run."""
     recorder = recorder if recorder is not None else CallRecorder()
     wf = label_workflow(options.workflow, options.qa)
-    stages = stage_map(wf)
-    ctx = _context(spec, options)
-    provider = ProviderOptions(restructure=options.restructure, send_max_tokens=options.send_max_tokens,
-                               client_max_retries=options.client_max_retries)
-    t = _build_team(options, ctx, stages, lambda: TopasOpenAILLM(ctx.config.llm, provider, recorder))
-    t0 = time.monotonic()
-    error = await _run_team(t, spec, options, wf)
-    wall = time.monotonic() - t0
+    name = project_name_for(spec.task_id)
+    with contextlib.ExitStack() as stack:  # the QA sandbox goes when the task ends, whatever happens
+        box = (stack.enter_context(sandbox(Path(options.root).resolve() / "sandbox",
+                                           writable=[project_dir(options.root, name)]))
+               if options.qa else None)
+        ctx = _context(options, name, box)
+        provider = ProviderOptions(restructure=options.restructure, send_max_tokens=options.send_max_tokens,
+                                   client_max_retries=options.client_max_retries)
+        t = _build_team(options, ctx, stage_map(wf), lambda: TopasOpenAILLM(ctx.config.llm, provider, recorder))
+        t0 = time.monotonic()
+        error = await _run_team(t, spec, options, wf)
+        wall = time.monotonic() - t0
     if options.notify_server:
         await notify_task_done(options.base_url, spec.task_id, options.api_key)
     calls = recorder.for_task(spec.task_id)

@@ -12,18 +12,22 @@ method (a subclass; MetaGPT is not patched): PATH starts with the sandbox's `bin
   `python3 -m pip`, `/usr/bin/python3 -m pip` and `subprocess.run([sys.executable, "-m",
   "pip"])` all fail with "No module named pip". The venv and `bin/` are read-only inside.
 - **filesystem**: only `/usr`, the base interpreter's prefix, the loader's `/etc` files
-  (read-only) and the sandbox directory (writable: workspace, HOME, TMPDIR) exist; `/tmp`
-  is a private tmpfs. Nothing else on the host can be read or written.
+  (read-only), the sandbox directory (writable: HOME, TMPDIR) and the `writable` directories
+  given to `make_sandbox` (the generated project) exist; `/tmp` is a private tmpfs. Nothing
+  else on the host can be read or written.
 - **network**: none (`--unshare-all`: new network, PID, IPC, UTS and cgroup namespaces).
 - **resources**: CPU seconds, address space, file size and open files are capped
   (`SandboxLimits`; `prlimit` in the shim, `setrlimit` in `run_sandboxed`).
 
 Without a working `bwrap`, `make_sandbox` raises ConfigError: generated code never runs
-unsandboxed. The runner puts each QA run's workspace in the sandbox directory.
+unsandboxed. The runner makes one sandbox per QA task (`sandbox(...)`: under the run's root,
+removed when the task ends, also on failure) whose writable directory is that task's project,
+`<root>/workspace/<project>/`, so the artifacts stay where MetaGPT users look for them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import os
@@ -36,6 +40,7 @@ import sys
 import sysconfig
 import tempfile
 import venv
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,17 +109,22 @@ def _system_binds() -> list[str]:
     return args
 
 
-def bwrap_argv(box: Path, cwd: str | Path | None = None) -> list[str]:
+def _resolved(writable: Sequence[str | Path]) -> list[Path]:
+    return [Path(w).resolve() for w in writable]
+
+
+def bwrap_argv(box: Path, cwd: str | Path | None = None, writable: Sequence[str | Path] = ()) -> list[str]:
     """`bwrap ... --chdir DIR --` (without the command): the sandbox's namespaces and
-    filesystem view; DIR is `cwd` if it lies in the sandbox, else its home."""
+    filesystem view; DIR is `cwd` if it lies in the sandbox or a writable dir, else its home."""
     box = box.resolve()
+    dirs = _resolved(writable)
     workdir = Path(cwd).resolve() if cwd is not None else box / "home"
-    if not workdir.is_relative_to(box):
+    if not any(workdir.is_relative_to(d) for d in (box, *dirs)):
         workdir = box / "home"
-    return [*_bwrap_head(box), "--chdir", str(workdir), "--"]
+    return [*_bwrap_head(box, dirs), "--chdir", str(workdir), "--"]
 
 
-def _bwrap_head(box: Path) -> list[str]:
+def _bwrap_head(box: Path, writable: Sequence[Path] = ()) -> list[str]:
     path = bwrap_path()
     if path is None:
         raise ConfigError("the QA sandbox needs a working bubblewrap (`apt-get install bubblewrap`)")
@@ -122,8 +132,10 @@ def _bwrap_head(box: Path) -> list[str]:
            "TMPDIR": str(box / "tmp"), "LANG": "C.UTF-8", "PYTHONNOUSERSITE": "1", "PIP_NO_INDEX": "1"}
     args = [path, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
             *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-            "--bind", str(box), str(box),
-            "--ro-bind", str(box / "venv"), str(box / "venv"),  # later binds win: read-only
+            "--bind", str(box), str(box)]
+    for w in writable:  # the project dir; `-try`: MetaGPT (re)creates it after the shim is made
+        args += ["--bind-try", str(w), str(w)]
+    args += ["--ro-bind", str(box / "venv"), str(box / "venv"),  # later binds win: read-only
             "--ro-bind", str(box / "bin"), str(box / "bin"),  # the shim runs on the host
             "--remount-ro", "/"]  # the sandbox root itself (a tmpfs holding the mount points)
     for key, value in env.items():
@@ -138,41 +150,74 @@ def _apply_limits(limits: SandboxLimits) -> None:
 
 
 def run_sandboxed(box: Path, args: list[str], *, cwd: str | Path | None = None, timeout_s: float = 60.0,
-                  limits: SandboxLimits = DEFAULT_LIMITS, **kw: Any) -> subprocess.CompletedProcess:
+                  limits: SandboxLimits = DEFAULT_LIMITS, writable: Sequence[str | Path] = (),
+                  **kw: Any) -> subprocess.CompletedProcess:
     """Run `python ARGS` in the sandbox (the shim does the same for MetaGPT's RunCode)."""
-    argv = [*bwrap_argv(box, cwd), str(box.resolve() / "venv" / "bin" / "python"), *args]
+    argv = [*bwrap_argv(box, cwd, writable), str(box.resolve() / "venv" / "bin" / "python"), *args]
     return subprocess.run(argv, preexec_fn=lambda: _apply_limits(limits), timeout=timeout_s,  # noqa: PLW1509
                           check=False, **kw)
 
 
 _SHIM = """#!/bin/sh
 # topas-agents QA sandbox: MetaGPT's RunCode calls `python`; it runs inside bubblewrap.
-case "$PWD" in {box}|{box}/*) dir="$PWD" ;; *) dir={home} ;; esac
+case "$PWD" in {dirs}) dir="$PWD" ;; *) dir={home} ;; esac
 exec {prlimit} --cpu={cpu} --as={mem} --fsize={fsize} --nofile={nofile} -- {bwrap_head} --chdir "$dir" -- {python} "$@"
 """
 
 
-def make_sandbox(parent: str | Path | None = None, limits: SandboxLimits = DEFAULT_LIMITS) -> Path:
-    """A fresh sandbox dir: `bin/python` (the shim), `venv/` (no pip), `home/` and `tmp/`."""
+def make_sandbox(parent: str | Path | None = None, limits: SandboxLimits = DEFAULT_LIMITS,
+                 writable: Sequence[str | Path] = ()) -> Path:
+    """A fresh sandbox dir: `bin/python` (the shim), `venv/` (no pip), `home/` and `tmp/`;
+    `writable` dirs (the generated project) are bound read-write at their own paths. The
+    caller removes it (`remove_sandbox`, or use `sandbox(...)`); a failed build removes itself."""
     if not sandbox_available():
         raise ConfigError("--qa runs generated code only in a sandbox, which needs a working bubblewrap "
                           "(`apt-get install bubblewrap`, user namespaces enabled)")
     prlimit = shutil.which("prlimit")
     if prlimit is None:
         raise ConfigError("the QA sandbox needs prlimit (util-linux)")
+    if parent is not None:
+        Path(parent).mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="topas-qa-", dir=parent)).resolve()
+    try:
+        _build(root, limits, prlimit, _resolved(writable))
+    except BaseException:
+        remove_sandbox(root)
+        raise
+    return root
+
+
+def _build(root: Path, limits: SandboxLimits, prlimit: str, writable: list[Path]) -> None:
     for sub in ("bin", "home", "tmp"):
         (root / sub).mkdir()
     venv.EnvBuilder(with_pip=False, symlinks=True, clear=True).create(root / "venv")
-    head = _bwrap_head(root)  # the shim adds `--chdir "$dir" --`
+    head = _bwrap_head(root, writable)  # the shim adds `--chdir "$dir" --`
+    dirs = "|".join(f"{q}|{q}/*" for q in (shlex.quote(str(d)) for d in (root, *writable)))
     shim = root / "bin" / "python"
     shim.write_text(_SHIM.format(
-        box=shlex.quote(str(root)), home=shlex.quote(str(root / "home")), prlimit=shlex.quote(prlimit),
+        dirs=dirs, home=shlex.quote(str(root / "home")), prlimit=shlex.quote(prlimit),
         cpu=limits.cpu_s, mem=limits.address_space_bytes, fsize=limits.file_bytes, nofile=limits.open_files,
         bwrap_head=" ".join(shlex.quote(a) for a in head), python=shlex.quote(str(root / "venv" / "bin" / "python"))))
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     (root / "bin" / "python3").symlink_to("python")
-    return root
+
+
+def remove_sandbox(box: str | Path) -> None:
+    shutil.rmtree(box, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def sandbox(parent: str | Path, writable: Sequence[str | Path] = (),
+            limits: SandboxLimits = DEFAULT_LIMITS) -> Iterator[Path]:
+    """`make_sandbox(parent, ...)`, removed on exit (also when the task fails), and
+    `parent` too once no other sandbox is left in it."""
+    box = make_sandbox(parent, limits, writable)
+    try:
+        yield box
+    finally:
+        remove_sandbox(box)
+        with contextlib.suppress(OSError):  # not empty: another task's sandbox is still there
+            Path(parent).rmdir()
 
 
 def _sandbox_context_class() -> type:

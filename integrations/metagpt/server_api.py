@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -103,6 +104,43 @@ def fetch_stats(base_url: str, calls: int | None = None, api_key: str | None = N
     if rsp.status_code != 200:
         return None
     return rsp.json()
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What a server says about itself in `/v1/topas/stats` (all None: not a Topas server)."""
+
+    engine: str | None = None  # "sim" (the simulated engine) | "sglang"
+    responder: str | None = None  # the simulated engine's reply text: echo | lorem | replay
+    time_scale: float | None = None  # simulated seconds per wall second (sim engine)
+
+    @property
+    def simulated(self) -> bool:
+        return self.engine == "sim"
+
+    @property
+    def clock_scale(self) -> float:
+        """Client clock -> the server's clock (simulated seconds on the sim engine)."""
+        return self.time_scale if self.simulated and self.time_scale else 1.0
+
+    @property
+    def jct_unit(self) -> str:
+        return "simulated seconds" if self.simulated else "wall seconds"
+
+    @property
+    def artifacts_note(self) -> str | None:
+        """Why the generated files are not real code (None: a real model may have written them)."""
+        if not self.simulated or self.responder == "replay":
+            return None
+        return f"templates from the simulated engine's {self.responder or 'echo'} responder, not real code"
+
+
+def server_info(base_url: str, api_key: str | None = None) -> ServerInfo:
+    stats = fetch_stats(base_url, calls=0, api_key=api_key)
+    server = (stats or {}).get("server") or {}
+    scale = server.get("time_scale")
+    return ServerInfo(engine=server.get("engine"), responder=server.get("responder"),
+                      time_scale=float(scale) if isinstance(scale, int | float) else None)
 
 
 @contextlib.contextmanager

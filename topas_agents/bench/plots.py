@@ -95,3 +95,77 @@ def plot_result(result: Mapping[str, Any], path: str | Path) -> Path:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--plot {path}: cannot write: {exc}") from None
     return out
+
+
+def _policy_style(i: int, name: str) -> dict[str, Any]:
+    """The line style `plot_result` gives policy `i` (topas stands out), for the other plots."""
+    return {"marker": _MARKERS[i % len(_MARKERS)], "linestyle": _DASHES[i % len(_DASHES)],
+            "markerfacecolor": "none", "markersize": 9 - 0.5 * (i % 8),
+            "color": "black" if name == "topas" else f"C{i % 10}",
+            "linewidth": 2.5 if name == "topas" else 1.4}
+
+
+def _save(fig: Any, path: str | Path, flag: str) -> Path:
+    out = Path(path)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{flag} {path}: cannot write: {exc}") from None
+    return out
+
+
+def _figure(size: tuple[float, float]) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # Agg only; no pyplot state
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def plot_jct_cdf(jcts: Mapping[str, Sequence[float | None]], path: str | Path, *, title: str = "",
+                 unit: str = "s", flag: str = "--plot") -> Path:
+    """Empirical CDF of per-task JCT, one step line per policy (None = a failed task: left out,
+    and counted in the legend). Returns the path."""
+    fig = _figure((7, 4.5))
+    ax = fig.subplots()
+    for i, (name, values) in enumerate(jcts.items()):
+        ok = sorted(float(v) for v in values if v is not None)
+        failed = len(values) - len(ok)
+        label = f"{name} (n={len(ok)}" + (f", {failed} failed)" if failed else ")")
+        style = {**_policy_style(i, name), "markevery": (1, max(1, len(ok) // 12))}  # markers on the tasks, not the start
+        if ok:  # F(x) = fraction of tasks done by x; the step starts at 0 before the first task
+            ax.step([ok[0], *ok], [0.0, *((k + 1) / len(ok) for k in range(len(ok)))], where="post",
+                    label=label, **style)
+        else:
+            ax.plot([], [], label=label, **style)
+    ax.set_xlabel(f"task JCT ({unit})")
+    ax.set_ylabel("fraction of tasks")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "per-task JCT CDF", fontsize=9)
+    return _save(fig, path, flag)
+
+
+def plot_jct_bars(summary: Mapping[str, Mapping[str, float | None]], path: str | Path, *, title: str = "",
+                  unit: str = "s", flag: str = "--plot") -> Path:
+    """Mean and p99 JCT per policy as grouped bars (`summary[policy]` has `mean_jct_s` and
+    `p99_jct_s`; None, e.g. every task failed, is drawn as a missing bar)."""
+    fig = _figure((max(5.0, 1.3 * len(summary) + 2), 4.2))
+    ax = fig.subplots()
+    names = list(summary)
+    width = 0.38
+    for k, (key, label) in enumerate((("mean_jct_s", "mean"), ("p99_jct_s", "p99"))):
+        xs = [j + (k - 0.5) * width for j in range(len(names))]
+        vals = [summary[n].get(key) for n in names]
+        bars = ax.bar(xs, [math.nan if v is None else v for v in vals], width, label=label,
+                      color="C0" if k == 0 else "C1", hatch="" if k == 0 else "//", edgecolor="black")
+        ax.bar_label(bars, labels=["-" if v is None else f"{v:.3g}" for v in vals], fontsize=7)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel(f"JCT ({unit})")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "JCT by policy", fontsize=9)
+    return _save(fig, path, flag)

@@ -2,12 +2,15 @@
 
     topas eval softwaredev --workflow sop --rate 0.02 --policies fcfs,lpm,topas --limit 4
     topas eval softwaredev --workflow tl --rate 0.05 --server http://gpu-box:8000/v1
+    topas eval softwaredev --rate 0.05 --limit 4 --json eval.json --plot plots/
 
 Each policy gets a fresh embedded simulator (echo responder; --rate in tasks per simulated
 second) and the same arrival times; with --server the one external server is measured
 (its policy is whatever it runs; --rate in tasks per wall second). Prints a mean/p99 JCT
-table (failed tasks are counted and excluded from JCT) and writes --json; exit status 1
-if any task failed. With --server, an unreachable server is a one-line error at once.
+table (failed tasks are counted and excluded from JCT) and writes --json (with every task's
+JCT per policy, `jcts_s`); --plot DIR draws DIR/jct_cdf.png (per-task JCT CDF, one line per
+policy) and DIR/jct_summary.png (mean and p99 JCT per policy). Exit status 1 if any task
+failed. With --server, an unreachable server is a one-line error at once.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="number of tasks (default: one per prompt; prompts are cycled)")
     p.add_argument("--trace-dir", metavar="DIR", help="write one trace per policy (DIR/<policy>.jsonl)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--plot", metavar="DIR", default=None,
+                   help="write DIR/jct_cdf.png (per-task JCT CDF per policy) and DIR/jct_summary.png")
     p.add_argument("--api-key", default=None, metavar="KEY", help="--server's API key (default: $TOPAS_API_KEY)")
     add_common(p)
     p.set_defaults(run=run)
@@ -55,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     from .args import write_json
     from .run import client_api_key
 
+    if args.plot:
+        import matplotlib  # noqa: F401  (a missing [bench] extra fails now, not after the whole evaluation)
     prompts = load_softwaredev(args.limit)
     prepare_metagpt(args.root, log_level="INFO" if args.verbose else "ERROR")
     from ..integrations.metagpt.evaluation import EvalConfig, evaluate, format_table
@@ -73,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(doc))
     if args.json:
         write_json(args.json, doc)
+    if args.plot:
+        from ..integrations.metagpt.evaluation import plot_eval
+
+        for path in plot_eval(doc, args.plot):
+            print(f"plot: {path}", file=sys.stderr)
     failed = sum(e["summary"]["failed"] for e in doc["policies"].values())
     if failed:
         print(f"{failed} task(s) failed (see --json for errors)", file=sys.stderr)

@@ -7,9 +7,13 @@
 sop: ProductManager -> Architect -> ProjectManager -> Engineer (-> QaEngineer with --qa).
 tl:  TeamLeader star TL,PM,TL,Architect,TL,ProjectManager,TL,Engineer,TL.
 Without --server an embedded simulator (echo responder) serves the calls in-process and
-JCT is reported in simulated seconds. Tasks given together start together. Prints one JSON
-document (per task: id, stages in order, calls per stage, JCT, success, artifacts); exit
-status 1 if any task failed.
+JCT is reported in simulated seconds (as with a --server that runs the simulated engine).
+Tasks given together start together. Prints one JSON document (per task: id, stages in
+order, calls per stage, JCT, success, artifacts); exit status 1 if any task failed.
+
+Artifacts: each task's generated repository is <root>/workspace/<project>/ (the project name
+is unique per task). On the simulated engine its files are templates from the echo
+responder, not real code: the JSON says so next to the path (`artifacts_note`).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=positive_int, default=None, help="first N dataset prompts")
     p.add_argument("--policy", default="topas", help="embedded server's scheduling policy (default topas)")
     p.add_argument("--qa", action="store_true",
-                   help="SOP: hire the QaEngineer; its code runs only in a sandbox (no pip installs)")
+                   help="SOP: hire the QaEngineer; the code it runs is confined to a bubblewrap sandbox (no pip, "
+                   "no network; writes only to the task's <root>/workspace/<project>/), removed after the task")
     p.add_argument("--no-code-review", action="store_true", help="Engineer without WriteCodeReview")
     p.add_argument("--trace", metavar="OUT.jsonl", help="record every call as a trace (topas bench --trace)")
     p.add_argument("--api-key", default=None, metavar="KEY",
@@ -92,18 +97,20 @@ def _options(args: argparse.Namespace, url: str) -> Any:
                       code_review=not args.no_code_review, qa=args.qa, parse_retries=args.parse_retries, **extra)
 
 
-async def _run(args: argparse.Namespace, url: str, scale: float) -> tuple[list[Any], Any]:
+async def _run(args: argparse.Namespace, url: str) -> tuple[list[Any], Any, Any]:
+    """(results, recorder, the server's ServerInfo)."""
     from ..integrations.metagpt.recorder import CallRecorder, scaled_clock
     from ..integrations.metagpt.runner import attach_server_view, label_workflow, run_tasks
-    from ..integrations.metagpt.server_api import fetch_stats, probe_server, register_workflow
+    from ..integrations.metagpt.server_api import fetch_stats, probe_server, register_workflow, server_info
 
     options = _options(args, url)
     if args.server:
         probe_server(url, options.api_key)  # a dead server: one line in seconds, not minutes of retries
+    info = server_info(url, options.api_key)  # a simulated engine reports JCT in its own (scaled) clock
     register_workflow(url, label_workflow(options.workflow, options.qa), options.api_key)
-    recorder = CallRecorder(scaled_clock(scale))
+    recorder = CallRecorder(scaled_clock(info.clock_scale))
     results = await run_tasks(_specs(args), options, recorder)
-    return attach_server_view(results, fetch_stats(url, api_key=options.api_key)), recorder
+    return attach_server_view(results, fetch_stats(url, api_key=options.api_key)), recorder, info
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,16 +126,19 @@ def run(args: argparse.Namespace) -> int:
 
     with stdout_to_stderr():
         if args.server:
-            results, recorder = asyncio.run(_run(args, args.server, 1.0))
+            results, recorder, info = asyncio.run(_run(args, args.server))
         else:
             with embedded_server(policy=args.policy, time_scale=args.time_scale, profile=args.profile,
                                  kv_budget=args.kv_budget, seed=args.seed) as handle:
-                results, recorder = asyncio.run(_run(args, handle.url, args.time_scale))
+                results, recorder, info = asyncio.run(_run(args, handle.url))
     doc = {"workflow": results[0].workflow if results else None,
            "server": args.server or f"embedded (policy {args.policy}, time scale {args.time_scale:g})",
-           "jct_unit": "wall seconds" if args.server else "simulated seconds",
-           "tasks": [_task_json(r) for r in results]}
+           "jct_unit": info.jct_unit,
+           "tasks": [_task_json(r, info.artifacts_note) for r in results]}
     print(json.dumps(doc, indent=2))
+    for r in results:
+        note = f" ({info.artifacts_note})" if info.artifacts_note else ""
+        print(f"artifacts of {r.task_id}: {r.artifacts}{note}", file=sys.stderr)
     if args.json:
         write_json(args.json, {**doc, "details": [r.to_json() for r in results]})
     if args.trace:
@@ -140,7 +150,10 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _task_json(r: Any) -> dict[str, Any]:
-    return {"task_id": r.task_id, "success": r.success, "error": r.error, "stages": list(r.stages),
-            "calls_per_stage": r.calls_per_stage, "calls": r.calls, "jct_s": r.jct_s, "wall_s": r.wall_s,
-            "artifacts": r.artifacts}
+def _task_json(r: Any, artifacts_note: str | None) -> dict[str, Any]:
+    out = {"task_id": r.task_id, "success": r.success, "error": r.error, "stages": list(r.stages),
+           "calls_per_stage": r.calls_per_stage, "calls": r.calls, "jct_s": r.jct_s, "wall_s": r.wall_s,
+           "artifacts": r.artifacts}
+    if artifacts_note:  # said where the path is, so nobody mistakes the files for generated code
+        out["artifacts_note"] = artifacts_note
+    return out

@@ -30,7 +30,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="--engine sglang: append every scheduling decision to this JSONL file")
     p.add_argument("--kv-budget", type=int, default=None, help="KV budget in tokens (default: the profile's)")
     p.add_argument("--time-scale", type=float, default=1.0,
-                   help="simulated seconds per wall-clock second (>1 runs faster)")
+                   help="--engine sim: simulated seconds per wall-clock second (default 1: real time, like a GPU "
+                        "server, so clients' own time between calls counts as is; a MetaGPT SOP task then takes "
+                        "~75 wall s. `topas run`/`topas eval` use 50 for their embedded server: use "
+                        "--time-scale 50 here for quick MetaGPT runs)")
     p.add_argument("--workflow", action="append", default=[], metavar="NAME|PATH.yaml",
                    help="register a workflow at start (repeatable)")
     p.add_argument("--responder", default="echo", help="response text: echo | lorem | replay")
