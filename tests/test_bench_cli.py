@@ -144,3 +144,12 @@ def test_docs_explicit_unbuildable_policy_is_one_line(tmp_path, capsys, monkeypa
     rc = main(["docs", "--out", str(tmp_path / "r.md"), "--policies", "fcfs,t-broken", "--tasks", "2"])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: policy 't-broken' is not available yet") and err.count("\n") == 1
+
+
+def test_seeds_without_a_baseline_report_no_comparator(capsys):
+    """Regression: one non-baseline policy over seeds crashed while naming the best baseline."""
+    rc = main(["bench", "--workload", "chain3", "--policies", "topas",
+               "--seeds", "1,2", "--tasks", "3", "--load", "0.5", "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "vs no baseline" in out

@@ -86,8 +86,9 @@ def format_seeds_table(doc: Mapping[str, Any]) -> str:
     lines = ["", f"over seeds {', '.join(map(str, doc['seeds']))} (mean [95% t CI]; ratio < 1: faster than the "
              "best baseline):"]
     for name, agg in doc["over_seeds"].items():
-        best = "/".join(sorted(set(agg["best_baseline"])))
-        best99 = "/".join(sorted(set(agg["best_baseline_p99"])))
+        # No baseline in the run: no comparator (the aggregate holds None per seed).
+        best = "/".join(sorted({b for b in agg["best_baseline"] if b})) or "no baseline"
+        best99 = "/".join(sorted({b for b in agg["best_baseline_p99"] if b})) or "no baseline"
         lines.append(f"  {name:<14} host tier {_tier(tiers.get(name)):<4}  mean JCT {_ci(agg['mean_jct'], '.1f')} s, "
                      f"ratio {_ci(agg['mean_jct_vs_best_baseline'])} vs {best}; p99 ratio "
                      f"{_ci(agg['p99_jct_vs_best_baseline'])} vs {best99}")
