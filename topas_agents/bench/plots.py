@@ -88,13 +88,7 @@ def plot_result(result: Mapping[str, Any], path: str | Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(_title(result, runs), fontsize=9)
-    out = Path(path)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--plot {path}: cannot write: {exc}") from None
-    return out
+    return save_figure(fig, path, "--plot")
 
 
 def _policy_style(i: int, name: str) -> dict[str, Any]:
@@ -105,11 +99,12 @@ def _policy_style(i: int, name: str) -> dict[str, Any]:
             "linewidth": 2.5 if name == "topas" else 1.4}
 
 
-def _save(fig: Any, path: str | Path, flag: str) -> Path:
+def save_figure(fig: Any, path: str | Path, flag: str, dpi: int = 110) -> Path:
+    """Write `fig` to `path` (parents created); a failure is a one-line error naming `flag`."""
     out = Path(path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
+        fig.savefig(out, dpi=dpi)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{flag} {path}: cannot write: {exc}") from None
     return out
@@ -146,7 +141,7 @@ def plot_jct_cdf(jcts: Mapping[str, Sequence[float | None]], path: str | Path, *
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title or "per-task JCT CDF", fontsize=9)
-    return _save(fig, path, flag)
+    return save_figure(fig, path, flag)
 
 
 def plot_jct_bars(summary: Mapping[str, Mapping[str, float | None]], path: str | Path, *, title: str = "",
@@ -168,4 +163,4 @@ def plot_jct_bars(summary: Mapping[str, Mapping[str, float | None]], path: str |
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title or "JCT by policy", fontsize=9)
-    return _save(fig, path, flag)
+    return save_figure(fig, path, flag)

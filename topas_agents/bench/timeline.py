@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..sim.record import RecorderConfig, RequestTimeline, Timeline, TimelineRecorder
+from .plots import save_figure
 
 # Gantt rows and trace processes for a bench run: enough to see the pattern, few enough that
 # one PNG stays readable (one row per task) and the JSON small.
@@ -181,13 +182,7 @@ def write_gantt(tl: Timeline, path: str | Path, *, max_tasks: int | None = DEFAU
     handles.append(Line2D([], [], marker="x", color="red", linestyle="none", label="preemption"))
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(title or f"{len(tasks)} tasks (light: stage span; solid: on the GPU)", fontsize=9)
-    out = Path(path)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=100)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--timeline: cannot write {out}: {exc}") from None
-    return out
+    return save_figure(fig, path, "--timeline", dpi=100)
 
 
 # ---------------------------------------------------------------------- bench
