@@ -81,13 +81,26 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux default if unreadable)."""
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return lo, hi
+
+
 def free_base_port(span: int, host: str = "127.0.0.1", tries: int = 200) -> int:
-    """A port P with P..P+span-1 all free now (tests; a race with other processes remains)."""
+    """A port P with P..P+span-1 all free now (tests; a race with other processes remains).
+
+    Drawn below the ephemeral range: a port inside it can be taken, between this check and the
+    bind, by any outgoing connection of the run itself (measured: smg lost its port so in CI)."""
     import random
 
     rng = random.Random()
+    top = max(1024 + span + 1, min(_ephemeral_range()[0], 65536) - span)
     for _ in range(tries):
-        base = rng.randrange(20000, 60000 - span)
+        base = rng.randrange(max(1024, min(20000, top - 4096)), top)
         if all(_port_free(host, base + k) for k in range(span)):
             return base
     raise TopasError(f"no block of {span} free ports found on {host}")
