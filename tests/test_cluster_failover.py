@@ -33,9 +33,13 @@ def _in_flight_by_replica(urls) -> list[int]:
 
 
 def test_replica_death_loses_no_call():
+    from topas_agents.server.cluster.config import RestartPolicy
     from topas_agents.server.cluster.launcher import free_base_port, run_replicas
 
-    with run_replicas(3, port=free_base_port(6), serve_args=SERVE_ARGS) as cluster:
+    # no restart here: this test is about the two live replicas taking over (restarts are
+    # tested in test_cluster_restart.py)
+    with run_replicas(3, port=free_base_port(6), serve_args=SERVE_ARGS,
+                      restart=RestartPolicy(enabled=False)) as cluster:
         urls = cluster.config.replica_urls
         client = labelled(openai.OpenAI(base_url=cluster.url, api_key="unused", timeout=30))
         bare = openai.OpenAI(base_url=cluster.url, api_key="unused", timeout=30, max_retries=0)

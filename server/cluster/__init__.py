@@ -10,6 +10,8 @@ from topas_agents._lazy import lazy_getattr
 _LAZY = {
     "ClusterConfig": "topas_agents.server.cluster.config",
     "GatewaySettings": "topas_agents.server.cluster.config",
+    "RestartPolicy": "topas_agents.server.cluster.config",
+    "RestartEvent": "topas_agents.server.cluster.supervisor",
     "ClusterHandle": "topas_agents.server.cluster.launcher",
     "run_replicas": "topas_agents.server.cluster.launcher",
     "serve_replicas": "topas_agents.server.cluster.launcher",

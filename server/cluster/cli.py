@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from .config import ROUTER_POLICIES
+from .config import ROUTER_POLICIES, RestartPolicy
+
+_DEFAULT_RESTART = RestartPolicy()
 
 
 def add_replica_options(p: argparse.ArgumentParser) -> None:
@@ -23,6 +25,9 @@ def add_replica_options(p: argparse.ArgumentParser) -> None:
                    "(default task); the others are smg's own policies")
     g.add_argument("--gpu-ids", default=None, metavar="ID,ID,...",
                    help="--replicas with --engine sglang: one GPU id per replica (default 0..N-1)")
+    g.add_argument("--replica-restarts", type=int, default=_DEFAULT_RESTART.max_restarts, metavar="R",
+                   help="--replicas: restart a replica that dies at most R times within "
+                   f"{_DEFAULT_RESTART.window_s:g} s, then leave it down (default %(default)s; 0: never restart)")
     g.add_argument("--smg-arg", action="append", default=[], metavar="ARG",
                    help="--replicas: an extra argument for `smg launch` (repeatable, e.g. --smg-arg=--log-level=info)")
 
@@ -48,12 +53,19 @@ def replica_serve_args(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(out)
 
 
+def restart_policy(args: argparse.Namespace) -> RestartPolicy:
+    """--replica-restarts R: R restarts per replica within the window; 0 (or less): none."""
+    restarts = getattr(args, "replica_restarts", _DEFAULT_RESTART.max_restarts)
+    return RestartPolicy(enabled=restarts > 0, max_restarts=max(restarts, 0))
+
+
 def serve_from_args(args: argparse.Namespace, engine_args: Sequence[str] = ()) -> int:
     """Blocking: the cluster for parsed `topas serve` arguments, until SIGINT/SIGTERM."""
     from .launcher import serve_replicas
 
     gpu_ids = tuple(x.strip() for x in args.gpu_ids.split(",")) if getattr(args, "gpu_ids", None) else ()
+    restart = restart_policy(args)
     return serve_replicas(args.replicas, port=args.port, host=args.host, engine=args.engine,
                           router_policy=args.router_policy, serve_args=replica_serve_args(args),
                           engine_args=tuple(engine_args), gpu_ids=gpu_ids,
-                          extra_smg_args=tuple(args.smg_arg or ()))
+                          extra_smg_args=tuple(args.smg_arg or ()), restart=restart)

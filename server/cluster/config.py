@@ -55,6 +55,38 @@ class GatewaySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """How the launcher restarts a replica that died (supervisor.py)."""
+
+    enabled: bool = True
+    # At most 3 restarts of one replica within 300 s: a replica that keeps dying (bad flags, a
+    # GPU fault, OOM at load) is left down and reported instead of crash-looping; smg already
+    # routes around it, so giving up costs capacity, not calls.
+    max_restarts: int = 3
+    window_s: float = 300.0
+    # Wait 0.5 s before the first restart, doubling per recent restart up to 8 s: enough for the
+    # kernel to free the port and for a transient cause (memory pressure) to pass.
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 8.0
+    # How often liveness is checked (a poll of each child's exit status: no I/O).
+    poll_interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        for name in ("window_s", "backoff_max_s", "poll_interval_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"restart {name} must be a positive number, got {value}")
+        if not (math.isfinite(self.backoff_initial_s) and 0 <= self.backoff_initial_s <= self.backoff_max_s):
+            raise ConfigError(f"restart backoff_initial_s must be in [0, backoff_max_s], got {self.backoff_initial_s}")
+
+    def backoff_s(self, recent: int) -> float:
+        """Delay before a restart when `recent` restarts already happened in the window."""
+        return min(self.backoff_max_s, self.backoff_initial_s * 2 ** recent)
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterConfig:
     replicas: int = 2
     port: int = 8000
@@ -76,6 +108,8 @@ class ClusterConfig:
     stop_timeout_s: float = 15.0
     # Wall seconds the front waits on one control-plane call to one replica.
     control_timeout_s: float = 10.0
+    # A replica that dies is restarted on its port, within bounds (RestartPolicy).
+    restart: RestartPolicy = RestartPolicy()
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= 64:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+import threading
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -36,6 +37,7 @@ from .aggregate import (
     pick_registration_answer,
 )
 from .config import KEYED_POLICIES, ROUTE_KEY_HEADER, ClusterConfig
+from .supervisor import Registration, RestartEvent
 
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
         "transfer-encoding", "upgrade", "host", "content-length"}
@@ -68,6 +70,15 @@ class Front:
         self.config = config
         self.client: httpx.AsyncClient | None = None
         self.served_model: str | None = None
+        # run-time registrations, replayed on a restarted replica (supervisor.py); read from
+        # the supervisor's thread, hence the lock. A dict: insertion order, no duplicates.
+        self._registrations: dict[Registration, None] = {}
+        self._lock = threading.Lock()
+        self.restart_events: Sequence[RestartEvent] = ()  # the supervisor's list, set by the launcher
+
+    def registrations(self) -> list[Registration]:
+        with self._lock:
+            return list(self._registrations)
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -164,7 +175,8 @@ class Front:
         c = self.config
         return JSONResponse({"front": c.front_url, "gateway": c.smg_url, "replicas": list(c.replica_urls),
                              "engine": c.engine, "router_policy": c.router_policy,
-                             "route_key_header": ROUTE_KEY_HEADER})
+                             "route_key_header": ROUTE_KEY_HEADER,
+                             "restarts": [e.as_dict() for e in list(self.restart_events)]})
 
     async def stats(self, request: Request) -> JSONResponse:
         calls = request.query_params.get("calls")
@@ -189,8 +201,11 @@ class Front:
             for a in answers]})
 
     async def add_workflow(self, request: Request) -> JSONResponse:
-        status, body = pick_registration_answer(await self.fan_out(request, "POST", "/v1/topas/workflows",
-                                                                   await request.body()))
+        raw = await request.body()
+        status, body = pick_registration_answer(await self.fan_out(request, "POST", "/v1/topas/workflows", raw))
+        if status in (200, 201):
+            with self._lock:
+                self._registrations[Registration(raw, request.headers.get("authorization"))] = None
         return JSONResponse(body, status_code=status)
 
     async def done(self, request: Request) -> JSONResponse:

@@ -13,8 +13,8 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,9 @@ from topas_agents.errors import ConfigError, TopasError
 
 from .commands import replica_argv, replica_env, smg_argv, smg_version
 from .config import ClusterConfig, GatewaySettings
-from .front import build_front
+from .front import Front, build_front
 from .procs import Child, start_child, stop_children
+from .supervisor import RestartEvent, Supervisor
 
 
 @dataclass
@@ -37,9 +38,15 @@ class ClusterHandle:
     replicas: list[Child]
     gateway: Child
     log_dir: Path
+    supervisor: Supervisor | None = None  # restarts dead replicas (None: config.restart.enabled off)
     _front: uvicorn.Server | None = field(default=None, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def restarts(self) -> list[RestartEvent]:
+        """What the supervisor did, in order (also on the front's GET /v1/topas/cluster)."""
+        return list(self.supervisor.events) if self.supervisor is not None else []
 
     @property
     def url(self) -> str:
@@ -59,6 +66,8 @@ class ClusterHandle:
         if self._stopped:
             return
         self._stopped = True
+        if self.supervisor is not None:  # first: no replica is restarted while they stop
+            self.supervisor.stop()
         if self._front is not None and self._thread is not None:
             self._front.should_exit = True
             self._thread.join(10)
@@ -147,8 +156,9 @@ def _wait_gateway(config: ClusterConfig, gateway: Child, deadline: float) -> Non
             time.sleep(0.2)
 
 
-def _start_front(config: ClusterConfig) -> tuple[uvicorn.Server, threading.Thread]:
-    server = uvicorn.Server(uvicorn.Config(build_front(config), host=config.host, port=config.port,
+def _start_front(config: ClusterConfig) -> tuple[uvicorn.Server, threading.Thread, Front]:
+    app = build_front(config)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level="warning", access_log=False, log_config=None,
                                            lifespan="on", backlog=4096))
     thread = threading.Thread(target=server.run, name=f"topas-front-{config.port}", daemon=True)
@@ -159,11 +169,14 @@ def _start_front(config: ClusterConfig) -> tuple[uvicorn.Server, threading.Threa
             server.should_exit = True
             raise TopasError(f"the front failed to start on {config.host}:{config.port}")
         time.sleep(0.01)
-    return server, thread
+    return server, thread, app.state.front
 
 
-def start_cluster(config: ClusterConfig, *, log_dir: Path | None = None) -> ClusterHandle:
-    """Start the replicas, then smg, then the front; on any failure stop what started."""
+def start_cluster(config: ClusterConfig, *, log_dir: Path | None = None,
+                  on_restart: Callable[[RestartEvent], None] | None = None) -> ClusterHandle:
+    """Start the replicas, then smg, then the front, then the supervisor (a replica that dies
+    is restarted, `config.restart`; `on_restart` hears each outcome); on any failure stop
+    what started."""
     smg_version()
     _check_ports(config)
     log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="topas-cluster-"))
@@ -179,18 +192,31 @@ def start_cluster(config: ClusterConfig, *, log_dir: Path | None = None) -> Clus
         started.append(gateway)
         _wait_gateway(config, gateway, deadline)
         handle = ClusterHandle(config, started[:-1], gateway, log_dir)
-        handle._front, handle._thread = _start_front(config)
-        return handle
+        handle._front, handle._thread, front = _start_front(config)
     except BaseException:
         stop_children(started, 5.0)
         raise
+    if config.restart.enabled:
+        handle.supervisor = Supervisor(config, handle.replicas, log_dir=log_dir,
+                                       argv=lambda i, extra: _restart_argv(config, i, extra),
+                                       env=lambda i: replica_env(config, i),
+                                       registrations=front.registrations, on_event=on_restart)
+        front.restart_events = handle.supervisor.events
+        handle.supervisor.start()
+    return handle
+
+
+def _restart_argv(config: ClusterConfig, i: int, extra_serve_args: Sequence[str]) -> tuple[str, ...]:
+    """Replica i's command line with more `topas serve` options (before any `--`)."""
+    return replica_argv(replace(config, serve_args=(*config.serve_args, *extra_serve_args)), i)
 
 
 def run_replicas(replicas: int, *, port: int = 8000, host: str = "127.0.0.1", engine: str = "sim",
                  router_policy: str = "task", serve_args: Sequence[str] = (), engine_args: Sequence[str] = (),
                  gpu_ids: Sequence[str] = (), extra_smg_args: Sequence[str] = (),
                  gateway: GatewaySettings | None = None, startup_timeout_s: float = 60.0,
-                 log_dir: str | Path | None = None, **config_kw: Any) -> ClusterHandle:
+                 log_dir: str | Path | None = None,
+                 on_restart: Callable[[RestartEvent], None] | None = None, **config_kw: Any) -> ClusterHandle:
     """Plain-argument entry point: build the ClusterConfig and start the cluster."""
     config = ClusterConfig(replicas=replicas, port=port, host=host, engine=engine,  # type: ignore[arg-type]
                            router_policy=router_policy,  # type: ignore[arg-type]
@@ -198,7 +224,7 @@ def run_replicas(replicas: int, *, port: int = 8000, host: str = "127.0.0.1", en
                            gpu_ids=tuple(gpu_ids), extra_smg_args=tuple(extra_smg_args),
                            gateway=gateway or GatewaySettings(), startup_timeout_s=startup_timeout_s,
                            **config_kw)
-    return start_cluster(config, log_dir=Path(log_dir) if log_dir is not None else None)
+    return start_cluster(config, log_dir=Path(log_dir) if log_dir is not None else None, on_restart=on_restart)
 
 
 def serve_replicas(replicas: int, **kw: Any) -> int:
@@ -206,7 +232,11 @@ def serve_replicas(replicas: int, **kw: Any) -> int:
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with run_replicas(replicas, **kw) as cluster:
+        def report(e: RestartEvent) -> None:
+            print(f"topas: replica-{e.replica} (pid {e.old_pid}, exit {e.exit_code}) {e.outcome}: {e.detail}",
+                  flush=True)
+
+        with run_replicas(replicas, on_restart=report, **kw) as cluster:
             c = cluster.config
             print(f"topas: {c.replicas} {c.engine} replicas behind smg {smg_version()} "
                   f"(policy {c.router_policy}); OpenAI base URL {cluster.url}; logs in {cluster.log_dir}",

@@ -65,9 +65,13 @@ class Child:
 
 
 def start_child(name: str, argv: Sequence[str], *, log_dir: Path | None,
-                env: Mapping[str, str] | None = None) -> Child:
+                env: Mapping[str, str] | None = None, append: bool = False) -> Child:
+    """Start `argv` in its own session. `append`: keep the log of an earlier run (a restart).
+
+    The kernel SIGTERMs the child when the *thread* that started it exits (PR_SET_PDEATHSIG
+    is per thread), so start children from a thread that lives as long as the cluster."""
     log_path = log_dir / f"{name}.log" if log_dir is not None else None
-    log = open(log_path, "wb") if log_path is not None else None  # noqa: SIM115 (kept open for the child)
+    log = open(log_path, "ab" if append else "wb") if log_path is not None else None  # noqa: SIM115 (kept open for the child)
     full_env = {**os.environ, **(env or {})}
     proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, env=full_env, start_new_session=True,

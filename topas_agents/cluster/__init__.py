@@ -11,6 +11,7 @@ _LAZY = {
     "AsyncResumingStream": "topas_agents.cluster.stream_retry",
     "run_cluster_bench": "topas_agents.cluster.bench",
     "ClusterBenchConfig": "topas_agents.cluster.bench",
+    "run_cluster_seeds": "topas_agents.cluster.seeds",
 }
 
 __all__ = sorted(_LAZY)

@@ -1,4 +1,4 @@
-"""`topas bench --replicas N[,N2] --router R[,R2]`: the options and the hand-off from
+"""`topas bench --replicas N[,N2] --router R[,R2] [--seeds S1,S2]`: the options and the hand-off from
 `cli/bench.py` (docs/cluster.md).
 
     from ..cluster.cli import add_cluster_bench_options, run_cluster_from_args   # in cli/bench.py
@@ -48,7 +48,8 @@ def _pairs(text: str) -> tuple[tuple[str, str], ...]:
 def add_cluster_bench_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("simulated cluster (N engines behind a router; docs/cluster.md)")
     g.add_argument("--replicas", type=_ints, default=None, metavar="N[,N2...]",
-                   help="run the policies on N simulated replicas (loads relative to N x one engine)")
+                   help="run the policies on N simulated replicas (loads relative to N x one engine); "
+                   "with --seeds: the paper rule per seed, then mean and 95%% CI over seeds (--jobs: seeds in parallel)")
     g.add_argument("--router", type=_routers, default=ROUTERS, metavar="R[,R2...]",
                    help=f"--replicas: routers to compare (default all: {','.join(ROUTERS)})")
     g.add_argument("--tasks-per-replica", type=int, default=40, metavar="K",
@@ -73,8 +74,16 @@ def run_cluster_from_args(args: argparse.Namespace) -> int:
         kv_budget=args.kv_budget, policy_options=getattr(args, "policy_options", None) or {},
         scaling_pairs=tuple(args.scaling), p99_target_s=args.p99_target)
     show = not getattr(args, "no_progress", False) and sys.stderr.isatty()
-    doc = run_cluster_bench(cfg, progress=(lambda msg: print(msg, file=sys.stderr)) if show else None)
-    print(format_cluster_table(doc))
+    progress = (lambda msg: print(msg, file=sys.stderr)) if show else None
+    seeds = getattr(args, "seeds", None)
+    if seeds:  # the paper rule per seed, then mean and 95% CI over seeds (seeds.py)
+        from .seeds import run_cluster_seeds
+
+        doc = run_cluster_seeds(cfg, seeds, jobs=getattr(args, "jobs", 1) or 1, progress=progress)
+        print(format_cluster_seeds_table(doc))
+    else:
+        doc = run_cluster_bench(cfg, progress=progress)
+        print(format_cluster_table(doc))
     if getattr(args, "json", None):
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
@@ -98,4 +107,42 @@ def format_cluster_table(doc: dict[str, Any]) -> str:
                          + (f" (eff {r['efficiency']:.2f})" if r["efficiency"] is not None else "")
                          for r in sc["rows"])
         lines.append(f"\nscaling {sc['policy']}+{sc['router']} at p99 <= {sc['p99_target_s']:.1f} s: {rows}")
+    return "\n".join(lines)
+
+
+def _ci(v: dict[str, Any] | None, fmt: str = ".2f") -> str:
+    """`mean [low, high]` of an `Interval.as_dict()`."""
+    if v is None:
+        return "n/a"
+    if v["ci95"] is None:
+        return format(v["mean"], fmt)
+    lo, hi = v["ci95"]
+    return f"{v['mean']:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def format_cluster_seeds_table(doc: dict[str, Any]) -> str:
+    lines = [f"{doc['workload']} on {doc['profile']}, loads {doc['loads']}, seeds {doc['seeds']}, "
+             f"{doc['tasks_per_replica']} tasks/replica: per seed the paper rule (mean/p99 JCT averaged "
+             "over loads, simulated s; comparator = best baseline pair), then mean [95% CI] over seeds"]
+    for block in doc["by_replicas"]:
+        agg = block["over_seeds"]
+        lines.append(f"\n{block['replicas']} replicas{'':16s} mean JCT{'':16s} p99 JCT{'':17s} "
+                     "mean vs best baseline  p99 vs best baseline")
+        ranked = sorted(agg.items(), key=lambda kv: kv[1]["mean_jct"]["mean"] if kv[1]["mean_jct"] else float("inf"))
+        for pair, v in ranked:
+            lines.append(f"  {pair:24s} {_ci(v['mean_jct']):24s} {_ci(v['p99_jct']):24s} "
+                         f"{_ci(v['mean_jct_vs_best_baseline'], '.3f'):22s} {_ci(v['p99_jct_vs_best_baseline'], '.3f')}")
+        head = block["headline"]
+        if head:
+            lines.append(f"  headline {head['topas_best_router']}: vs best baseline pair "
+                         f"(per seed {','.join(head['best_baseline'])}) mean x{_ci(head['mean_jct_vs_best_baseline'], '.3f')}, "
+                         f"p99 x{_ci(head['p99_jct_vs_best_baseline'], '.3f')}")
+            if "mean_jct_vs_lpm_cache" in head:
+                lines.append(f"  headline {head['topas_best_router']} vs lpm+cache: "
+                             f"mean x{_ci(head['mean_jct_vs_lpm_cache'], '.3f')}, "
+                             f"p99 x{_ci(head['p99_jct_vs_lpm_cache'], '.3f')}")
+    for sc in doc.get("scaling", []):
+        rows = ", ".join(f"{r['replicas']}: {r['max_rate_rps']:.3f}/s" for r in sc["rows"])
+        lines.append(f"\nscaling (seed {doc['seeds'][0]}) {sc['policy']}+{sc['router']} "
+                     f"at p99 <= {sc['p99_target_s']:.1f} s: {rows}")
     return "\n".join(lines)

@@ -1,0 +1,113 @@
+"""A dead replica is restarted: on its port, with the run-time workflows registered again, back
+in smg's rotation; and a replica that keeps dying is given up on after the policy's bound."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from topas_agents.errors import ConfigError
+from topas_agents.server.cluster.config import ClusterConfig, RestartPolicy
+from topas_agents.server.cluster.procs import start_child, stop_children
+from topas_agents.server.cluster.supervisor import Supervisor
+
+needs_smg = pytest.mark.skipif(importlib.util.find_spec("smg") is None, reason="needs the [cluster] extra (smg)")
+
+SERVE_ARGS = ("--workflow", "chain3", "--time-scale", "100", "--log-level", "warning")
+PAIR = ("name: pair\nagents:\n  - {name: p, prefix_tokens: 100}\n  - {name: q, prefix_tokens: 100}\n"
+        "stages:\n  - {name: one, agent: p, after: [], input_tokens: 10, output_tokens: 10}\n"
+        "  - {name: two, agent: q, after: [one], input_tokens: 10, output_tokens: 10}\n")
+FAST = RestartPolicy(backoff_initial_s=0.05, backoff_max_s=0.2, poll_interval_s=0.05)
+
+
+def test_restart_policy_bounds():
+    assert [FAST.backoff_s(k) for k in range(4)] == [0.05, 0.1, 0.2, 0.2]
+    for bad in ({"max_restarts": -1}, {"window_s": 0}, {"backoff_initial_s": 9.0}, {"poll_interval_s": float("nan")}):
+        with pytest.raises(ConfigError):
+            RestartPolicy(**bad)
+
+
+def test_replica_restarts_option():
+    import argparse
+
+    from topas_agents.server.cluster.cli import add_replica_options, restart_policy
+
+    p = argparse.ArgumentParser()
+    add_replica_options(p)
+    assert restart_policy(p.parse_args([])) == RestartPolicy()
+    assert restart_policy(p.parse_args(["--replica-restarts", "5"])).max_restarts == 5
+    assert not restart_policy(p.parse_args(["--replica-restarts", "0"])).enabled
+
+
+def test_a_replica_that_keeps_dying_is_given_up(tmp_path):
+    # a "replica" that exits at once: every restart fails, then the supervisor stops trying
+    argv = (sys.executable, "-c", "import sys; sys.exit(3)")
+    config = ClusterConfig(replicas=1, restart=RestartPolicy(max_restarts=2, backoff_initial_s=0.0,
+                                                             poll_interval_s=0.05), startup_timeout_s=5)
+    replicas = [start_child("replica-1", argv, log_dir=tmp_path)]
+    replicas[0].proc.wait(10)
+    sup = Supervisor(config, replicas, log_dir=tmp_path, argv=lambda i, extra: argv, env=lambda i: {})
+    sup.start()
+    try:
+        events = sup.wait_for(3, timeout_s=30)
+    finally:
+        sup.stop()
+        stop_children(replicas, 1.0)
+    assert [e.outcome for e in events] == ["failed", "failed", "gave_up"]
+    assert [e.attempt for e in events] == [1, 2, 2]
+    assert events[0].exit_code == 3 and "exited with 3" in events[0].detail
+    assert len(sup.events) == 3  # given up: no further attempt, however long it watches
+
+
+def _calls_on(url: str) -> int:
+    """Chat calls the replica answered (its HTTP counters)."""
+    http = httpx.get(f"{url}/v1/topas/stats").json()["requests"]["http"]
+    return sum(row["count"] for row in http if "chat" in row["endpoint"])
+
+
+@needs_smg
+def test_killed_replica_comes_back_with_its_workflows():
+    from topas_agents.server.cluster.launcher import free_base_port, run_replicas
+
+    with run_replicas(3, port=free_base_port(6), serve_args=SERVE_ARGS, restart=FAST) as cluster:
+        front = cluster.base_url
+        assert httpx.post(front + "/v1/topas/workflows", content=PAIR).status_code == 201
+        victim = 2
+        url = cluster.config.replica_urls[victim - 1]
+        old = cluster.replicas[victim - 1]
+        old.kill()
+
+        events = cluster.supervisor.wait_for(1, timeout_s=60)
+        assert [(e.replica, e.outcome, e.old_pid) for e in events] == [(victim, "restarted", old.pid)]
+        assert events[0].reregistered == 1
+        new = cluster.replicas[victim - 1]
+        assert new.pid == events[0].new_pid != old.pid and new.alive()
+        assert httpx.get(url + "/health").status_code == 200
+        assert {"chain3", "pair"} <= set(httpx.get(url + "/v1/topas/workflows").json()["workflows"])
+        # the anonymous run-time workflow was on the new command line: registered before it listened
+        assert new.argv[-2] == "--workflow" and "name: pair" in Path(new.argv[-1]).read_text()
+        layout = httpx.get(front + "/v1/topas/cluster").json()
+        assert [r["outcome"] for r in layout["restarts"]] == ["restarted"]
+
+        # new tasks of the run-time workflow: each call succeeds; smg routes some to the restarted
+        # replica once its health probe passes (bounded: health interval + breaker timeout)
+        before = _calls_on(url)
+        deadline = time.monotonic() + 60
+        sent = 0
+        with httpx.Client(timeout=30) as client:
+            while _calls_on(url) == before and time.monotonic() < deadline:
+                lab = {"task_id": f"back-{sent}", "stage": "one", "agent": "p", "workflow": "pair"}
+                r = client.post(cluster.url + "/chat/completions", json={
+                    "model": "m", "max_tokens": 4, "topas": lab,
+                    "messages": [{"role": "user", "content": f"after restart {sent}"}]})
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["message"]["content"]
+                sent += 1
+        assert _calls_on(url) > before, f"no call reached the restarted replica in {sent} calls"
+        assert len(cluster.restarts) == 1
+    assert all(not child.alive() for child in cluster.children)
