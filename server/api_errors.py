@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import LabelError
+from ..errors import (
+    LabelError,
+    TaskClosedError,
+    TaskError,
+    TaskWorkflowMismatchError,
+    UnknownStageError,
+    UnknownTaskError,
+)
 from ..labels import BODY_KEY
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
@@ -37,6 +44,21 @@ def from_label_error(exc: LabelError) -> ApiError:
     """A malformed label names the field as `topas.<field>` (`topas` for the whole object)."""
     param = BODY_KEY if exc.field == BODY_KEY else f"{BODY_KEY}.{exc.field}"
     return ApiError(400, str(exc), param)
+
+
+# The task tracker's errors (topas_agents.task_tracker) as HTTP: (status, param). A label's
+# fields are named `topas.<field>`; URL path parts by their route name.
+_TASK_ERRORS: dict[type[TaskError], tuple[int, str | None]] = {
+    TaskClosedError: (409, f"{BODY_KEY}.task_id"),
+    TaskWorkflowMismatchError: (400, f"{BODY_KEY}.workflow"),
+    UnknownTaskError: (404, "task_id"),
+    UnknownStageError: (400, "stage"),
+}
+
+
+def from_task_error(exc: TaskError) -> ApiError:
+    status, param = _TASK_ERRORS.get(type(exc), (400, None))
+    return ApiError(status, str(exc), param)
 
 
 def shutting_down() -> ApiError:

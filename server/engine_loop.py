@@ -5,7 +5,8 @@ the engine to the current target, runs queued commands (closures over the engine
 cancel, stats...), then sleeps until the engine's next event or a new command. Everything
 that touches the engine runs inside this one task, so there are no races; callbacks fired
 during `advance` only record results, and follow-up engine calls happen after `advance`
-returns (the `after_advance` hook).
+returns (the `after_advance` hook). The engine is anything implementing the core contract
+`topas_agents.engine.Engine`.
 """
 
 from __future__ import annotations
@@ -15,33 +16,17 @@ import collections
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
+from ..engine import Engine
 from .api_errors import ApiError
 
 log = logging.getLogger("topas.server")
 T = TypeVar("T")
 
 
-class EngineLike(Protocol):
-    """The online API of `topas_agents.sim.SimEngine` that the server uses."""
-
-    now: float
-    on_token: Callable[[str, int], None] | None
-    on_finish: Callable[[str, float], None] | None
-
-    def submit(self, req: Any) -> None: ...
-    def cancel(self, rid: str) -> bool: ...
-    def stage_done(self, task_id: str, stage: str) -> None: ...
-    def task_done(self, task_id: str) -> None: ...
-    def next_event_time(self) -> float | None: ...
-    def advance(self, until: float) -> None: ...
-    def stats(self) -> Any: ...
-    def snapshot(self) -> Any: ...
-
-
 class EngineLoop:
-    def __init__(self, engine: EngineLike, time_scale: float, *,
+    def __init__(self, engine: Engine, time_scale: float, *,
                  after_advance: Callable[[], None] = lambda: None,
                  periodic: Callable[[float], None] = lambda wall: None,
                  on_failure: Callable[[BaseException], None] = lambda exc: None,

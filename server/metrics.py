@@ -10,27 +10,46 @@ have a metric with the same meaning we take their name after the prefix
 (`num_requests_running`, `num_requests_waiting`, `kv_cache_usage_perc`,
 `generation_tokens_total`); units are in the names (`_seconds`, `_tokens`), counters end in
 `_total`. The full list is in docs/server.md ("Stats and metrics").
+
+Latencies are histograms (vLLM/SGLang style: `_bucket{le}`, `_sum`, `_count`, quantiles via
+`histogram_quantile`), observed once each at their source and kept cumulative over the
+service's life, so no series ever goes down: per-call latencies as calls end, task JCT as
+the tracker concludes a task (`TaskTracker.on_conclude`), decision latency from the engine's
+append-only list of decision times (read from where the last scrape stopped).
+
+Label values are registered names only (workflows and their agents in the registry; with
+API keys these are tenant-qualified, `key1/name`): a name a client merely sends in a label
+(an unregistered workflow or agent) is folded into `""`, so cardinality is bounded by what
+was registered, never by client input.
 """
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector
 
-from .stats import LOCATIONS, engine_stats_json, engine_view, jct_summary, prefixes_by_location
+from .metric_sources import (
+    DECISION_BUCKETS_S,
+    E2E_BUCKETS_S,
+    JCT_BUCKETS_S,
+    PREFIX,
+    TTFT_BUCKETS_S,
+    UNREGISTERED,
+    CallLatency,
+    DecisionLatency,
+    LabelledHistogram,
+    LatencyHistogram,
+    MetricState,
+    TaskJct,
+)
+from .stats import LOCATIONS, engine_stats_json, engine_view, prefixes_by_location
+from .tenancy import qualify
 
 if TYPE_CHECKING:
     from .calls import CallRecord
@@ -41,7 +60,6 @@ if TYPE_CHECKING:
 # (`choose_encoder` sends CONTENT_TYPE_LATEST, version 1.0.0, only when the scraper's
 # Accept asks for it). The cluster front re-serves the merged text under the same header.
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
-PREFIX = "topas_"
 NAN = float("nan")
 
 # (EngineStats field, metric name, help): counters every engine reports (0 when missing).
@@ -58,27 +76,11 @@ EXTRA_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("prefill_tokens", "prefill_tokens", "Uncached tokens prefilled (prefix recomputes included)"),
     ("busy_s", "engine_busy_seconds", "Simulated GPU time spent in prefill or decode steps"),
 )
-JCT_QUANTILES: tuple[tuple[str, str], ...] = (("0.5", "p50_s"), ("0.9", "p90_s"), ("0.99", "p99_s"))
-# vLLM's bucket bounds for the metrics of the same names, so dashboards carry over.
-E2E_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                 240.0, 480.0, 960.0, 1920.0, 7680.0)
-TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 
 
 def _num(value: Any) -> float:
-    """A sample value; None (no data yet) is NaN, as Prometheus summaries report it."""
+    """A sample value; None (no data yet, e.g. usage of a zero budget) is NaN."""
     return NAN if value is None else float(value)
-
-
-def _summary(name: str, help_: str, quantiles: Mapping[str, Any], sum_: float, count: float) -> Metric:
-    """A summary family with quantile samples (SummaryMetricFamily has no quantiles)."""
-    fam = Metric(PREFIX + name, help_, "summary")
-    for q, value in quantiles.items():
-        fam.add_sample(fam.name, {"quantile": q}, _num(value))
-    fam.add_sample(fam.name + "_sum", {}, float(sum_))
-    fam.add_sample(fam.name + "_count", {}, float(count))
-    return fam
 
 
 def _gauge(name: str, help_: str, value: Any) -> GaugeMetricFamily:
@@ -89,56 +91,51 @@ def _counter(name: str, help_: str, value: Any) -> CounterMetricFamily:
     return CounterMetricFamily(PREFIX + name, help_, value=_num(value))
 
 
-@dataclass(slots=True)
-class LatencyHistogram:
-    """Cumulative histogram state, fed inside the engine task (no lock needed) and read by
-    the collector; kept by hand so no `_created` series and no global switch are involved."""
-
-    bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)  # per bucket, the last one is +Inf
-    total: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.bounds) + 1)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: a value on a bound counts in it
-        self.total += value
-
-    def family(self, name: str, help_: str) -> HistogramMetricFamily:
-        cumulative, running = [], 0
-        for le, n in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
-            running += n
-            cumulative.append((le, running))
-        return HistogramMetricFamily(PREFIX + name, help_, buckets=cumulative, sum_value=self.total)
+def registered_agents(svc: SimService) -> set[str]:
+    """Agent names of the registered workflows, as the engine knows them (tenant-qualified)."""
+    return {a.name for wf in svc.registry.mapping.values() for a in wf.agents}
 
 
 @dataclass(slots=True)
-class CallLatency:
-    """Per-call latency histograms in simulated seconds, observed as calls end ok."""
+class PrefixCacheLabels:
+    """Per-agent prefix-cache counters folded onto bounded `agent` labels. The engine's
+    counters are cumulative per agent; an agent's label is fixed the first time a scrape sees
+    it (its name if registered then, else `""`), so no series ever loses counts to another."""
 
-    e2e: LatencyHistogram = field(default_factory=lambda: LatencyHistogram(E2E_BUCKETS_S))
-    ttft: LatencyHistogram = field(default_factory=lambda: LatencyHistogram(TTFT_BUCKETS_S))
+    labels: dict[str, str] = field(default_factory=dict)
 
-    def observe(self, record: CallRecord) -> None:
-        if record.finish_s is not None:
-            self.e2e.observe(max(0.0, record.finish_s - record.arrival_s))
-        if record.first_token_s is not None:
-            self.ttft.observe(max(0.0, record.first_token_s - record.arrival_s))
-
-    def families(self) -> Iterator[Metric]:
-        yield self.e2e.family("e2e_request_latency_seconds",
-                              "Call latency from arrival to finish (simulated seconds; calls that ended ok)")
-        yield self.ttft.family("time_to_first_token_seconds",
-                               "Call latency from arrival to the first token (simulated seconds; calls that ended ok)")
+    def families(self, svc: SimService) -> Iterator[Metric]:
+        counts_fn = getattr(svc.engine, "prefix_cache_counts", None)
+        if counts_fn is None:
+            return  # an engine without prefix-cache accounting: no such series
+        counts = counts_fn()
+        if any(a not in self.labels for a in counts):
+            known = registered_agents(svc)
+            for a in counts:
+                self.labels.setdefault(a, a if a in known else UNREGISTERED)
+        totals: dict[str, list[int]] = {}
+        for agent, c in counts.items():
+            t = totals.setdefault(self.labels[agent], [0, 0])
+            t[0] += c.queries
+            t[1] += c.hits
+        queries = CounterMetricFamily(PREFIX + "prefix_cache_queries", "Prompt tokens (agent prefix + input) "
+                                      "of admitted requests, counted at each admission", labels=("agent",))
+        hits = CounterMetricFamily(PREFIX + "prefix_cache_hits", "Of the queried tokens, agent-prefix tokens "
+                                   "already materialised on GPU at admission", labels=("agent",))
+        for label, (q, h) in sorted(totals.items()):
+            queries.add_metric([label], q)
+            hits.add_metric([label], h)
+        yield queries
+        yield hits
 
 
 class ServiceCollector(Collector):
     """Everything /metrics says about one `SimService`, read when scraped."""
 
-    def __init__(self, svc: SimService, latency: CallLatency | None = None) -> None:
+    def __init__(self, svc: SimService, state: MetricState | None = None) -> None:
         self.svc = svc
-        self.latency = latency
+        self.state = state if state is not None else MetricState()
+        self.prefix_cache = PrefixCacheLabels()
 
     def describe(self) -> list[Metric]:
         return []  # names depend on the engine's stats: never pre-registered
@@ -147,9 +144,9 @@ class ServiceCollector(Collector):
         yield from self._server()
         yield from self._engine_state()
         yield from self._engine_counters()
+        yield from self.prefix_cache.families(self.svc)
         yield from self._tasks()
-        if self.latency is not None:
-            yield from self.latency.families()
+        yield from self.state.latency.families()
 
     def _server(self) -> Iterator[Metric]:
         svc, cfg = self.svc, self.svc.config
@@ -167,6 +164,11 @@ class ServiceCollector(Collector):
         for status, n in sorted(svc.call_status.items()):
             calls.add_metric([status], n)
         yield calls
+        success = CounterMetricFamily(PREFIX + "request_success", "LLM calls that ended ok, by registered "
+                                      "workflow and finish reason", labels=("workflow", "finished_reason"))
+        for (workflow, reason), n in sorted(self.state.success.items()):
+            success.add_metric([workflow, reason], n)
+        yield success
         yield _gauge("calls_in_flight", "LLM calls submitted and not yet ended", len(svc.calls))
 
     def _engine_state(self) -> Iterator[Metric]:
@@ -196,31 +198,47 @@ class ServiceCollector(Collector):
         for key, name, help_ in EXTRA_COUNTERS:
             if isinstance(est.get(key), (int, float)):
                 yield _counter(name, help_, est[key])
-        decisions = est.get("decisions") or 0
-        mean_ms, p99_ms = est.get("decision_ms_mean"), est.get("decision_ms_p99")
-        yield _summary("decision_latency_seconds", "Policy decision latency (wall-clock seconds)",
-                       {"0.99": p99_ms / 1e3 if decisions and p99_ms is not None else None},
-                       (mean_ms or 0.0) / 1e3 * decisions, decisions)
+        if self.state.decisions.catch_up(self.svc.engine):
+            yield self.state.decisions.hist.family("decision_latency_seconds",
+                                                   "Policy decision latency (wall-clock seconds)")
 
     def _tasks(self) -> Iterator[Metric]:
-        jct = jct_summary(self.svc)
-        yield _summary("task_jct_seconds", "Task job completion time (simulated seconds; quantiles over the "
-                       "recent finished tasks)", {q: jct[key] for q, key in JCT_QUANTILES}, jct["sum_s"],
-                       jct["count"])
-        yield _gauge("tasks_active", "Tasks not yet done", len(self.svc.tracker.active))
+        tracker = self.svc.tracker
+        if self.state.jct_hooked:
+            yield self.state.jct.hist.family("task_jct_seconds", "Task job completion time by registered "
+                                             "workflow (simulated seconds; each conclusion, reopened tasks again)")
+            yield _counter("tasks_reopened", "Concluded tasks reopened by a later call (their JCT was observed "
+                           "and is observed again when they end)", tracker.reopens_total)
+        yield _gauge("tasks_active", "Tasks not yet done", len(tracker.active))
 
 
 class ServiceMetrics:
     """A service's own registry (never the process-global REGISTRY): the scrape-time
-    collector plus the latency histograms the service feeds (`observe_call`) as calls end."""
+    collector plus what the service observes at the sources: `observe_call` as calls end,
+    and task conclusions through the tracker's `on_conclude` hook (set here)."""
 
     def __init__(self, svc: SimService) -> None:
-        self.latency = CallLatency()
+        self.svc = svc
+        self.state = MetricState()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ServiceCollector(svc, self.latency))
+        self.registry.register(ServiceCollector(svc, self.state))
+        # A tracker without the hook (and its reopen count) cannot feed a cumulative JCT
+        # histogram: then /metrics has none rather than one that silently stays empty.
+        if hasattr(svc.tracker, "on_conclude") and hasattr(svc.tracker, "reopens_total"):
+            svc.tracker.on_conclude = self.state.jct.observe
+            self.state.jct_hooked = True
+
+    @property
+    def latency(self) -> CallLatency:
+        return self.state.latency
 
     def observe_call(self, record: CallRecord) -> None:
-        self.latency.observe(record)
+        """A call ended ok."""
+        self.state.latency.observe(record)
+        name = qualify(record.tenant, record.workflow) if record.workflow else None
+        workflow = name if name is not None and name in self.svc.registry.mapping else UNREGISTERED
+        key = (workflow, record.finish_reason or "stop")
+        self.state.success[key] = self.state.success.get(key, 0) + 1
 
     def render(self) -> str:
         """The exposition text; call inside the engine task."""
@@ -232,4 +250,6 @@ def render_metrics(svc: SimService) -> str:
     return svc.metrics.render()
 
 
-__all__ = ["CONTENT_TYPE", "LOCATIONS", "CallLatency", "ServiceCollector", "ServiceMetrics", "render_metrics"]
+__all__ = ["CONTENT_TYPE", "DECISION_BUCKETS_S", "E2E_BUCKETS_S", "JCT_BUCKETS_S", "LOCATIONS", "TTFT_BUCKETS_S",
+           "CallLatency", "DecisionLatency", "LabelledHistogram", "LatencyHistogram", "MetricState",
+           "PrefixCacheLabels", "ServiceCollector", "ServiceMetrics", "TaskJct", "render_metrics"]

@@ -16,26 +16,27 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import TopasError
+from ..engine import Engine, RequestFactory
+from ..errors import TaskError, TopasError
+from ..task_tracker import Action, StageDoneAction, TaskTracker
 from ..workflow import Workflow
-from .api_errors import ApiError, bad_request, shutting_down
+from .api_errors import ApiError, bad_request, from_task_error, shutting_down
 from .calls import Call, CallRecord
 from .config import ServerConfig
-from .engine_loop import EngineLike, EngineLoop
+from .engine_loop import EngineLoop
 from .labelling import ResolvedLabel
 from .metrics import ServiceMetrics
 from .openai_format import ToolCall
 from .protocol import ParsedCall
 from .responders import Responder, ResponseContext
-from .tasks import Action, StageDoneAction, TaskTracker
 from .tenancy import qualify, tenant_names
 from .tokens import count_tokens, truncate
 from .workflows import WorkflowRegistry
 
 log = logging.getLogger("topas.server")
 
-# (config, workflows) -> (engine, EngineRequest-like constructor taking keyword fields)
-EngineFactory = Callable[[ServerConfig, Mapping[str, Workflow]], tuple[EngineLike, Callable[..., Any]]]
+# (config, workflows) -> (engine, its request constructor taking EngineRequest's keyword fields)
+EngineFactory = Callable[[ServerConfig, Mapping[str, Workflow]], tuple[Engine, RequestFactory]]
 
 
 class SimService:
@@ -145,7 +146,10 @@ class SimService:
         return text, natural, call.max_tokens or natural, done, tool
 
     def _submit(self, rid: str, call: ParsedCall, lab: ResolvedLabel, endpoint: str) -> Call:
-        arrival, _ = self.tracker.check_call(lab.task_id, lab.workflow_name)
+        try:
+            arrival, _ = self.tracker.check_call(lab.task_id, lab.workflow_name)
+        except TaskError as exc:
+            raise from_task_error(exc) from None
         round_ = self.tracker.next_round(lab.task_id, lab.stage)
         text, n_out, max_new, reason, tool = self._response(call, lab, round_)
         now = self.engine.now
@@ -199,10 +203,13 @@ class SimService:
 
     def _explicit(self, task_id: str, stage: str | None, tenant: str | None) -> dict[str, Any]:
         now, wall = self.engine.now, self._wall()
-        if stage is None:
-            actions = self.tracker.task_done(task_id, now, wall)
-        else:
-            actions = self.tracker.stage_done(task_id, stage, now, wall)
+        try:
+            if stage is None:
+                actions = self.tracker.task_done(task_id, now, wall)
+            else:
+                actions = self.tracker.stage_done(task_id, stage, now, wall)
+        except TaskError as exc:
+            raise from_task_error(exc) from None
         self._apply(actions)
         from .stats import task_json
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from topas_agents.percentile import percentile_or_none
 from topas_agents.snapshot import PrefixLocation
+from topas_agents.task_tracker import TaskState
 
-from .tasks import TaskState
 from .tenancy import Tenant, owned_by, unqualify
 
 if TYPE_CHECKING:
@@ -76,6 +76,20 @@ def prefixes_by_location(prefixes: Iterable[Mapping[str, Any]]) -> dict[str, tup
     return out
 
 
+def prefix_cache_json(svc: SimService, tenant: Tenant = None) -> dict[str, Any] | None:
+    """Prefix-cache tokens (as /metrics `prefix_cache_queries/hits`): engine-wide totals and
+    hit rate, and per agent the tenant's own; None for an engine that does not count them."""
+    counts_fn = getattr(svc.engine, "prefix_cache_counts", None)
+    if counts_fn is None:
+        return None
+    counts = counts_fn()
+    queries = sum(c.queries for c in counts.values())
+    hits = sum(c.hits for c in counts.values())
+    return {"queries": queries, "hits": hits, "hit_rate": hits / queries if queries else None,
+            "agents": {unqualify(tenant, a): {"queries": c.queries, "hits": c.hits}
+                       for a, c in sorted(counts.items()) if owned_by(tenant, a)}}
+
+
 def jct_summary(svc: SimService) -> dict[str, Any]:
     t = svc.tracker
     recent = list(t.jcts)
@@ -110,6 +124,7 @@ def build_stats(svc: SimService, max_calls: int | None = None, tenant: Tenant = 
         "requests": {"in_flight": len(svc.calls), "calls_by_status": dict(svc.call_status),
                      "http": [{"endpoint": e, "status": s, "count": n} for (e, s), n in sorted(svc.requests.items())]},
         "jct": jct_summary(svc),
+        "prefix_cache": prefix_cache_json(svc, tenant),
         "tasks": {
             "active": len(t.active),
             "done": t.jct_count,

@@ -224,9 +224,9 @@ def test_metrics_are_valid_prometheus_text(server, client) -> None:
             assert _SAMPLE.match(line), line
     for name in ("topas_http_requests_total", "topas_num_requests_waiting", "topas_num_requests_running",
                  "topas_kv_used_tokens", "topas_kv_budget_tokens", "topas_decisions_total",
-                 "topas_decision_latency_seconds", "topas_task_jct_seconds"):
+                 "topas_decision_latency_seconds", "topas_prefix_cache_queries_total", "topas_prefix_cache_hits_total"):
         assert name in families, name
-    assert families["topas_task_jct_seconds"] == "summary"
+    assert families["topas_decision_latency_seconds"] == "histogram"  # task JCT too: tests/test_server_metrics.py
     assert re.search(r'topas_http_requests_total\{endpoint="/v1/chat/completions",status="200"\} [1-9]', r.text)
     assert re.search(r"^topas_decisions_total [1-9]", r.text, re.M)
 

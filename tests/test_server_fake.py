@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from topas_agents.costmodel import load_profile
+from topas_agents.engine import EngineRequest  # the core request type: the fake replaces only the engine
 from topas_agents.errors import TopasError
-from topas_agents.sim import EngineRequest  # the real request type: the fake replaces only the engine
 from topas_agents.snapshot import PrefixView, RequestView, Snapshot
 
 

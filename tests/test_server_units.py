@@ -9,8 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topas_agents.errors import ConfigError
-from topas_agents.server.api_errors import ApiError
+from topas_agents.errors import (
+    ConfigError,
+    TaskClosedError,
+    TaskWorkflowMismatchError,
+    TopasError,
+    UnknownStageError,
+    UnknownTaskError,
+)
+from topas_agents.server.api_errors import ApiError, from_task_error
 from topas_agents.server.config import ServerConfig, parse_policy_options
 from topas_agents.server.protocol import Message, parse_chat, parse_completion
 from topas_agents.server.responders import (
@@ -20,8 +27,8 @@ from topas_agents.server.responders import (
     ResponseContext,
     make_responder,
 )
-from topas_agents.server.tasks import StageDoneAction, TaskDoneAction, TaskTracker, ancestors
 from topas_agents.server.tokens import chat_tokens, count_tokens, pieces, truncate
+from topas_agents.task_tracker import StageDoneAction, TaskDoneAction, TaskTracker, ancestors
 from topas_agents.workflow import load_workflow
 
 # ---------------------------------------------------------------------------- tokens
@@ -214,9 +221,10 @@ def test_without_a_workflow_only_explicit_done_or_idleness_finishes() -> None:
     assert tr.end_call("t", "x", True, 1.0, 1.0) == []
     tr.commit_call("t", "y", None, None, False, 2.0, 2.0)
     assert tr.task_done("t", 2.5, 2.5) == []  # y in flight: closes when it ends
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(TaskClosedError) as closed:
         tr.check_call("t", None)
-    assert info.value.status == 409
+    assert from_task_error(closed.value).status == 409
+    assert from_task_error(closed.value).param == "topas.task_id"
     assert tr.end_call("t", "y", True, 3.0, 3.0) == [StageDoneAction("t", "x"), StageDoneAction("t", "y"),
                                                      TaskDoneAction("t")]
     assert tr.finished["t"].done_reason == "explicit"
@@ -239,9 +247,17 @@ def test_unlabelled_call_is_a_single_stage_task_and_inferred_tasks_reopen() -> N
     tr.check_call("c", "chain3")  # a retry after inference is allowed: the task reopens
     tr.commit_call("c", "s3", wf, "chain3", False, 2.0, 2.0)
     assert tr.active["c"].reopened == 1 and tr.jct_count == 1
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(TaskWorkflowMismatchError) as mismatch:
         tr.check_call("c", "other")
-    assert info.value.param == "topas.workflow"
+    err = from_task_error(mismatch.value)
+    assert (err.status, err.param) == (400, "topas.workflow")
+    with pytest.raises(UnknownTaskError) as unknown:
+        tr.task_done("nope", 3.0, 3.0)
+    assert (from_task_error(unknown.value).status, from_task_error(unknown.value).param) == (404, "task_id")
+    with pytest.raises(UnknownStageError) as no_stage:
+        tr.stage_done("c", "s9", 3.0, 3.0)
+    assert (from_task_error(no_stage.value).status, from_task_error(no_stage.value).param) == (400, "stage")
+    assert all(isinstance(e.value, TopasError) for e in (mismatch, unknown, no_stage))  # core errors, not HTTP
 
 
 @settings(max_examples=60, deadline=None)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from topas_agents import costmodel
 from topas_agents.costmodel import load_profile
 from topas_agents.errors import ConfigError
 from topas_agents.policies import make_policy
@@ -13,6 +16,7 @@ from topas_agents.snapshot import NOOP, Decision, Snapshot
 from topas_agents.workflow import load_workflow, parse_workflow
 
 PROFILE = load_profile()
+PROFILE_PATH = Path(costmodel.__file__).parent / "profiles" / f"{costmodel.DEFAULT_PROFILE}.yaml"
 DAG4 = load_workflow("dag4")
 
 
@@ -100,3 +104,42 @@ def test_a_policy_that_never_admits_stalls_loudly() -> None:
 def test_empty_trace() -> None:
     res = simulate((), make_policy("fcfs"), PROFILE)
     assert res.tasks == () and res.mean_jct == 0.0 and res.requests == 0
+
+
+def test_call_overhead_delays_every_call_of_a_chain_and_zero_changes_nothing() -> None:
+    chain = load_workflow("chain3")
+    trace = make_trace(chain, 1, 1.0, seed=4)  # one task: no queueing, calls strictly in sequence
+    base = simulate(trace, make_policy("fcfs"), PROFILE)
+    zero = simulate(trace, make_policy("fcfs"), load_profile(call_overhead_s=0.0))
+    assert zero == base
+    slow = simulate(trace, make_policy("fcfs"), load_profile(call_overhead_s=0.25))
+    assert slow.requests == base.requests >= 3
+    assert slow.mean_jct == pytest.approx(base.mean_jct + 0.25 * base.requests, rel=1e-9)
+    assert slow.stats.busy_s == pytest.approx(base.stats.busy_s)  # model time is unchanged
+
+
+def test_profiles_default_call_overhead_to_zero_and_reject_negative(tmp_path: Path) -> None:
+    import yaml
+
+    data = yaml.safe_load(PROFILE_PATH.read_text())
+    assert data["call_overhead_s"] == 0.0 and PROFILE.call_overhead_s == 0.0
+    del data["call_overhead_s"]  # profiles written before the field still load
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(data))
+    assert load_profile(tmp_path / "old.yaml").call_overhead_s == 0.0
+    data["call_overhead_s"] = -0.1
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="call_overhead_s"):
+        load_profile(tmp_path / "bad.yaml")
+
+
+def test_concurrent_calls_queue_for_the_one_front_end() -> None:
+    one_call = parse_workflow({"name": "one", "agents": [{"name": "a", "prefix_tokens": 0}],
+                               "stages": [{"name": "s", "agent": "a", "requests": 1, "input_tokens": 10,
+                                           "output_tokens": 2}]})
+    trace = make_trace(one_call, 4, 1e9, seed=0)  # four tasks at (practically) the same instant
+    model = simulate(trace, make_policy("fcfs"), PROFILE)
+    slow = simulate(trace, make_policy("fcfs"), load_profile(call_overhead_s=5.0))
+    jcts = sorted(t.jct_s for t in slow.tasks)
+    # FIFO: the i-th call leaves the front-end after (i + 1) overheads; model time is < 1 s here
+    assert all(5.0 * (i + 1) <= j < 5.0 * (i + 1) + 1.0 for i, j in enumerate(jcts))
+    assert max(t.jct_s for t in model.tasks) < 1.0

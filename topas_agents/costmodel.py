@@ -3,6 +3,10 @@
 A profile is plain data (a YAML file in `topas_agents/profiles/`, sources cited there).
 Both the simulated engine and the policies (Topas prices service time and swaps with it)
 use the same `Profile`, so estimates and simulated reality agree by construction.
+
+`call_overhead_s` is the one term outside the engine: the time a call spends in HTTP,
+tokenization, detokenization and client work, charged by the offline driver (the client
+it plays), never by the engine or the policies' service estimates (docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -37,6 +41,11 @@ class Profile:
     attn_flops_per_s: float
     swap_bytes_per_s: float  # host <-> device link
     host_tier: bool  # evicted prefixes go to CPU memory (else they are dropped)
+    # Per call, outside the model: HTTP, (de)tokenization and client work, seconds. Default 0:
+    # the shipped GPU profiles are fits to model time alone (their sources time forward
+    # passes, not HTTP calls), so they have no measured value to give, and their results stay
+    # as they were. `topas calibrate --server` measures it on a live server.
+    call_overhead_s: float = 0.0
 
     def step_s(self, new_tokens: int, context_tokens: int, attn_pairs: float = 0.0) -> float:
         """One forward step over `new_tokens` tokens reading `context_tokens` of KV.
@@ -104,10 +113,13 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE, **overrides: Any) -
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping")
     unknown = sorted(set(data) - set(fields))
-    missing = sorted(set(fields) - set(data))
+    optional = {f.name for f in dataclasses.fields(Profile) if f.default is not dataclasses.MISSING}
+    missing = sorted(set(fields) - set(data) - optional)
     if unknown or missing:
         raise ConfigError(f"{path}: unknown fields {unknown}, missing fields {missing}")
     profile = Profile(**{k: _coerce(k, fields[k], v, path) for k, v in data.items()})
+    if profile.call_overhead_s < 0:
+        raise ConfigError(f"{path}: call_overhead_s must be >= 0, got {profile.call_overhead_s}")
     bad = sorted(set(overrides) - set(fields))
     if bad:
         raise ConfigError(f"unknown profile field '{bad[0]}'")

@@ -26,3 +26,26 @@ class DecisionError(TopasError, RuntimeError):
 
 class ConfigError(TopasError, ValueError):
     """A profile, policy option or CLI argument is invalid."""
+
+
+class TaskError(TopasError, ValueError):
+    """A call or completion conflicts with what the task tracker knows about a task.
+
+    Raised by `topas_agents.task_tracker`; a server maps each subclass to its own status.
+    """
+
+
+class UnknownTaskError(TaskError, LookupError):
+    """A completion names a task the tracker has never seen (or has forgotten)."""
+
+
+class UnknownStageError(TaskError):
+    """A completion names a stage the task's registered workflow does not have."""
+
+
+class TaskClosedError(TaskError):
+    """A call for a task the client already marked done (task ids are not reusable)."""
+
+
+class TaskWorkflowMismatchError(TaskError):
+    """A call labels a known task with a different workflow than its first call did."""

@@ -2,20 +2,21 @@
 
 SGLang knows requests, not tasks. `RequestBook` keeps, per request id, the label-derived
 facts a `RequestView` needs (task, stage, agent, round, arrival), the LLM service each
-request attained (time spent in the running batch), and drives the embedded server's
-`TaskTracker` (same stage inference rules, docs/server.md) to produce `TaskView`s and
-`StageDone` events. It never touches SGLang objects beyond reading `Req` fields.
+request attained (time spent in the running batch), and drives the core task tracker
+(`topas_agents.task_tracker`, the embedded server's stage inference rules, docs/server.md)
+to produce `TaskView`s and `StageDone` events. It never touches SGLang objects beyond
+reading `Req` fields.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from ...labels import Label
 from ...snapshot import StageDone, TaskView
+from ...task_tracker import Action, StageDoneAction, TaskDoneAction, TaskTracker
 from ...workflow import Workflow
-from ..tasks import StageDoneAction, TaskDoneAction, TaskTracker
 
 UNLABELLED = "default"  # stage and agent of an unlabelled request (as the embedded server)
 ReqState = Literal["new", "waiting", "running"]
@@ -116,7 +117,7 @@ class RequestBook:
             stages = self._service.setdefault(m.task_id, {})
             stages[m.stage] = stages.get(m.stage, 0.0) + service
 
-    def _apply(self, actions: list[Any], now: float) -> None:
+    def _apply(self, actions: list[Action], now: float) -> None:
         for act in actions:
             if isinstance(act, StageDoneAction):
                 tid, stage = act.task_id, act.stage

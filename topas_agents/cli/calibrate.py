@@ -4,10 +4,25 @@
 
 Measured through HTTP only (so any engine works):
 - prefill time vs uncached prompt tokens: one call per size, `max_tokens=1`, a unique first
-  word so nothing is cached; the slope of wall time over prompt tokens is `tc_s_per_token`;
+  word so nothing is cached; the slope of wall time over prompt tokens;
 - decode step time vs batch size: `b` concurrent calls of exactly D output tokens (`min_tokens`
-  = `max_tokens`) minus the same with 1 token, divided by D-1; the batch-1 step is `tm_s`
-  (lm_head and per-step overhead are folded into it and written as 0);
+  = `max_tokens`) minus the same with 1 token, divided by D-1 (the median over `REPEATS`
+  such pairs: one disturbed pair must not set the step); the batch-1 step is `tm_s` (lm_head
+  and per-step overhead are folded into it and written as 0);
+- `tc_s_per_token`, the per-token compute of a step `sqrt(tm^2 + (tc*N)^2)`, is the prefill
+  slope; if noise leaves no rising slope (a CPU-served model with a small pool: the prompt
+  sizes that fit differ too little), the least-squares fit of that form to the decode
+  batches instead (on a GPU decode batches grow by KV reads more than by this term, so they
+  are not used when the slope is there);
+- the per-call overhead (`call_overhead_s`: HTTP, tokenization, detokenization, client
+  work), from minimal calls (a few prompt tokens, `max_tokens=1`): a burst of k concurrent
+  ones takes k front-end services plus one batched prefill, so the overhead is the median
+  over `REPEATS` bursts of (wall time - the fitted profile's prefill of their tokens) / k.
+  The simulator charges it on one FIFO front-end (docs/simulator.md), and a burst measures
+  exactly that service time with the server busy. `CALL_PROBES` sequential single calls are
+  measured too and written beside it (their latency also holds idle wake-ups). Without the
+  term the simulator counts model time only, which on a small or CPU-served model can be a
+  fraction of what a client sees;
 - the KV budget from SGLang's `/get_server_info` (`max_total_num_tokens`) when available.
 Not measurable over HTTP, so copied from `--base-profile` and listed as such in the file's
 header: kv_bytes_per_token, hbm_bytes_per_s, attention FLOP terms, swap bandwidth, host_tier.
@@ -19,9 +34,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import math
 import random
+import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from ..costmodel import DEFAULT_PROFILE, Profile, load_profile
 from ..errors import ConfigError
@@ -30,7 +49,26 @@ WORDS = ("plan", "code", "test", "data", "user", "agent", "task", "value", "queu
 PREFILL_WORDS = (32, 128, 512, 1024)  # prompt sizes (words ~ tokens) for the prefill slope
 BATCHES = (1, 2, 4, 8)
 DECODE_TOKENS = 32  # output tokens per decode probe (long enough to amortize the prefill)
-REPEATS = 3  # the minimum of repeats is kept: the least-disturbed measurement
+REPEATS = 3  # prefill keeps the minimum (least disturbed); decode and bursts the median
+CALL_PROBES = 9  # sequential minimal calls, reported beside the burst estimate
+CALL_PROBE_WORDS = 8  # prompt of a minimal call: model time is then close to one batch-1 step
+CALL_BURST = 16  # concurrent minimal calls per burst (fewer if the KV pool is small)
+
+
+class CallBurst(NamedTuple):
+    """`calls` minimal calls sent at once: their prompt tokens and the wall time of all."""
+
+    calls: int
+    prompt_tokens: int
+    wall_s: float
+
+
+class Measurements(NamedTuple):
+    """What `measure` takes through HTTP (each point: (x, seconds))."""
+
+    prefill: list[tuple[int, float]]  # (prompt tokens, wall s of a 1-token call), min of repeats
+    decode: list[tuple[int, float]]  # (batch size, decode step s)
+    calls: list[CallBurst]  # CALL_PROBES single calls (calls=1), then REPEATS bursts
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -67,9 +105,8 @@ def prefill_sizes(kv_budget: int | None) -> tuple[int, ...]:
     return fit if len(fit) >= 2 else (8, max(16, kv_budget // 20))
 
 
-async def measure(url: str, model: str, kv_budget: int | None = None
-                  ) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """(prompt tokens, prefill s) points and (batch, decode step s) points."""
+async def measure(url: str, model: str, kv_budget: int | None = None) -> Measurements:
+    """Prefill, decode-step and minimal-call points (see the module docstring)."""
     import httpx
 
     rng = random.Random(0)
@@ -77,6 +114,13 @@ async def measure(url: str, model: str, kv_budget: int | None = None
     decode: list[tuple[int, float]] = []
     async with httpx.AsyncClient(timeout=300) as c:
         await _call(c, url, model, _prompt(8, rng), 1)  # warm-up
+        calls = [CallBurst(1, n, t) for t, n in [await _call(c, url, model, _prompt(CALL_PROBE_WORDS, rng), 1)
+                                                 for _ in range(CALL_PROBES)]]
+        k = burst_size(kv_budget)
+        for _ in range(REPEATS):
+            t0 = time.perf_counter()
+            done = await asyncio.gather(*(_call(c, url, model, _prompt(CALL_PROBE_WORDS, rng), 1) for _ in range(k)))
+            calls.append(CallBurst(k, sum(n for _, n in done), time.perf_counter() - t0))
         for n in prefill_sizes(kv_budget):
             runs = [await _call(c, url, model, _prompt(n, rng), 1) for _ in range(REPEATS)]
             prefill.append((runs[0][1], min(t for t, _ in runs)))
@@ -85,10 +129,9 @@ async def measure(url: str, model: str, kv_budget: int | None = None
                 t0 = time.perf_counter()
                 await asyncio.gather(*(_call(c, url, model, _prompt(16, rng), tokens) for _ in range(b)))
                 return time.perf_counter() - t0
-            short = min([await batch(1) for _ in range(REPEATS)])
-            long = min([await batch(DECODE_TOKENS) for _ in range(REPEATS)])
-            decode.append((b, max(1e-6, (long - short) / (DECODE_TOKENS - 1))))
-    return prefill, decode
+            pairs = [(await batch(DECODE_TOKENS)) - (await batch(1)) for _ in range(REPEATS)]
+            decode.append((b, max(1e-6, statistics.median(pairs) / (DECODE_TOKENS - 1))))
+    return Measurements(prefill, decode, calls)
 
 
 def slope(points: list[tuple[int, float]]) -> float:
@@ -111,20 +154,58 @@ def _kv_budget(url: str, given: int | None) -> int | None:
     return int(value) if value else None
 
 
+def burst_size(kv_budget: int | None) -> int:
+    """CALL_BURST, or fewer so a burst's prompts fit half the KV pool (<= ~5 tokens a word)."""
+    per_call = 5 * (CALL_PROBE_WORDS + 1)
+    return CALL_BURST if kv_budget is None else max(2, min(CALL_BURST, kv_budget // 2 // per_call))
+
+
 def fit_profile(base: Profile, name: str, model: str, budget: int, prefill: list[tuple[int, float]],
-                decode: list[tuple[int, float]]) -> Profile:
-    """`base` with the measured terms: batch-1 decode step as tm_s, prefill slope as tc."""
-    return dataclasses.replace(base, name=name, gpu="measured", model=model, kv_budget_tokens=budget,
-                               tm_s=decode[0][1], tc_s_per_token=slope(prefill), lm_head_s=0.0, overhead_s=0.0)
+                decode: list[tuple[int, float]], calls: Sequence[CallBurst] = ()) -> Profile:
+    """`base` with the measured terms: batch-1 decode step as tm_s, prefill slope as tc, and
+    the per-call overhead from minimal `calls` (0 without them)."""
+    tm = decode[0][1]
+    fitted = dataclasses.replace(base, name=name, gpu="measured", model=model, kv_budget_tokens=budget,
+                                 tm_s=tm, tc_s_per_token=slope(prefill) if rising(prefill) else decode_tc(tm, decode),
+                                 lm_head_s=0.0, overhead_s=0.0, call_overhead_s=0.0)
+    return dataclasses.replace(fitted, call_overhead_s=call_overhead(fitted, calls))
+
+
+def rising(points: list[tuple[int, float]]) -> bool:
+    """Whether the least-squares slope is positive (`slope` clamps it to 1e-9 otherwise)."""
+    return slope(points) > 1e-9
+
+
+def decode_tc(tm: float, decode: Sequence[tuple[int, float]]) -> float:
+    """Least-squares tc in `step(b) = sqrt(tm^2 + (tc*b)^2)` over the batches b > 1 (0 if none)."""
+    pts = [(b, t) for b, t in decode if b > 1]
+    den = sum(b**4 for b, _ in pts)
+    return math.sqrt(max(0.0, sum(b * b * (t * t - tm * tm) for b, t in pts) / den)) if den else 0.0
+
+
+def call_overhead(profile: Profile, calls: Sequence[CallBurst]) -> float:
+    """Per-call front-end time, >= 0: the median over the bursts (or, with none, over the
+    single calls) of (wall time - modelled time) / calls.
+
+    A `max_tokens=1` call is one prefill in the simulator (the prefill yields the token), and
+    a burst's prompts are prefilled together: modelled time `prefill_s(prompt tokens)`,
+    nothing cached (each prompt starts with a unique word)."""
+    bursts = [b for b in calls if b.calls > 1] or list(calls)
+    if not bursts:
+        return 0.0
+    return max(0.0, statistics.median((b.wall_s - profile.prefill_s(b.prompt_tokens)) / b.calls for b in bursts))
 
 
 def write_profile(out: Path, profile: Profile, url: str, base_name: str, prefill: list[tuple[int, float]],
-                  decode: list[tuple[int, float]]) -> None:
+                  decode: list[tuple[int, float]], calls: Sequence[CallBurst] = ()) -> None:
     import yaml
 
     header = [f"Measured by `topas calibrate --server {url}` on {time.strftime('%Y-%m-%d %H:%M:%S')}.",
               "prefill (prompt tokens, s): " + ", ".join(f"({n}, {t:.4f})" for n, t in prefill),
               "decode step (batch, s): " + ", ".join(f"({b}, {t:.5f})" for b, t in decode),
+              "minimal calls (calls at once, prompt tokens, wall s): "
+              + ", ".join(f"({b.calls}, {b.prompt_tokens}, {b.wall_s:.4f})" for b in calls)
+              + f" -> call_overhead_s {profile.call_overhead_s:.4f} (bursts: (wall - modelled prefill) / calls)",
               f"copied from {base_name} (not measurable over HTTP): kv_bytes_per_token, hbm_bytes_per_s, "
               "attn_flops_per_token_pair, attn_flops_per_s, swap_bytes_per_s, host_tier"]
     body = yaml.safe_dump(dataclasses.asdict(profile), sort_keys=False)
@@ -140,14 +221,14 @@ def run(args: argparse.Namespace) -> int:
     budget = _kv_budget(url, args.kv_budget)
     try:
         model = args.model or httpx.get(f"{url}/models", timeout=30).json()["data"][0]["id"]
-        prefill, decode = asyncio.run(measure(url, model, budget))
+        m = asyncio.run(measure(url, model, budget))
     except httpx.HTTPError as exc:
         raise ConfigError(f"calibrate: cannot reach {url}: {exc}") from None
     if budget is None:
         raise ConfigError("calibrate: the server does not report its KV pool size; pass --kv-budget TOKENS")
     out = Path(args.out)
-    profile = fit_profile(base, args.name or out.stem, model, budget, prefill, decode)
-    write_profile(out, profile, url, base.name, prefill, decode)
+    profile = fit_profile(base, args.name or out.stem, model, budget, m.prefill, m.decode, m.calls)
+    write_profile(out, profile, url, base.name, m.prefill, m.decode, m.calls)
     print(f"wrote {out}: tm_s {profile.tm_s:.5f}, tc_s_per_token {profile.tc_s_per_token:.3e}, "
-          f"kv_budget_tokens {budget}")
+          f"call_overhead_s {profile.call_overhead_s:.4f}, kv_budget_tokens {budget}")
     return 0

@@ -10,11 +10,14 @@ shrink it by the same factor). Each call sends exact output lengths (`max_tokens
 `min_tokens`, or `ignore_eos` with `--ignore-eos`). JCT is measured at the client, from a
 task's arrival to its last answer.
 
-`--server URL`: one run against that endpoint (whatever policy it schedules with).
+`--server URL`: one run against that endpoint (whatever policy it schedules with; give that
+policy as the only `--policies` entry to compare it with the simulator).
 `--engine sglang --model-path DIR`: for each of `--policies`, a fresh SGLang server through
 the product launcher (`topas serve --engine sglang`), with `--engine-arg` passed to SGLang
 (e.g. `--engine-arg=--device --engine-arg=cpu` plus, on CPU, the environment described in
 docs/sglang.md), and the plugin's decision log counted for decisions, preemptions and errors.
+`--sim` replays the same trace in the simulator on a profile calibrated on the (first) server
+and writes the fidelity of its JCTs against the real ones (`realbench/fidelity.py`).
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sim", action="store_true", help="also simulate the same trace per policy")
     p.add_argument("--profile", default=None, help="--sim profile (default: calibrated on the first server)")
     p.add_argument("--json", default=None, metavar="OUT.json",
-                   help="write {'real': {policy: {...}}, 'sim': {...}, 'profile': {...}} here")
+                   help="write {'real': {policy: {...}}, 'sim', 'profile', 'fidelity', 'calibration'} here")
 
 
 def build_calls(task: TaskPlan, words_per_token: float, ignore_eos: bool) -> dict[str, list[Call]]:
@@ -147,58 +150,101 @@ def run_from_args(args: argparse.Namespace) -> int:
     wpt = tokens_per_word_ratio(args.model_path, args.words_per_token)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     profile: Profile | None = load_profile(args.profile) if args.profile else None
+    measured: dict[str, Any] = {}  # calibration points, when this run calibrated
     out: dict[str, PolicyResult] = {}
+    real_jcts: dict[str, dict[str, float]] = {}  # policy -> task id -> client JCT
     if args.server:
         url = args.server.rstrip("/")
-        profile = profile or (_calibrate(url, args.kv_tokens) if args.sim else None)
-        out["server"] = summarize(run_once(url, args, tasks, wpt), args.tasks, None)
+        profile = profile or (_calibrate(url, args.kv_tokens, measured) if args.sim else None)
+        results = run_once(url, args, tasks, wpt)
+        out["server"] = summarize(results, args.tasks, None)
+        # the endpoint schedules with whatever policy it runs: name it with a single --policies
+        real_jcts[policies[0] if len(policies) == 1 else "server"] = _jcts(results)
     for policy in policies if args.engine else ():
         server: LaunchedServer = start_sglang(policy, args.model_path, wf, args.kv_tokens, args.engine_arg, 1.0)
         try:
             if args.sim and profile is None:
-                profile = _calibrate(server.base_url, args.kv_tokens)
+                profile = _calibrate(server.base_url, args.kv_tokens, measured)
             results = run_once(server.base_url, args, tasks, wpt)
         finally:
             server.stop()
         out[policy] = summarize(results, args.tasks, server.log_counts())
+        real_jcts[policy] = _jcts(results)
     doc: dict[str, Any] = {"real": {k: _as_dict(v) for k, v in out.items()}}
     for name, r in out.items():
         print(f"{name:>8}: mean JCT {r.mean_jct:.3f} s, p99 {r.p99_jct:.3f} s, "
               f"{r.tasks_completed}/{r.tasks} tasks, decisions {r.decisions}, preemptions {r.preemptions}, "
               f"plugin errors {r.plugin_errors}")
     if args.sim and profile is not None:
-        doc["sim"] = simulate_policies(tasks, policies, profile, args.kv_tokens)
-        doc["profile"] = dataclasses.asdict(profile)
-        for name, r in doc["sim"].items():
-            print(f"{name:>8}: simulated mean JCT {r['mean_jct']:.3f} s, p99 {r['p99_jct']:.3f} s")
+        doc.update(_sim_and_fidelity(tasks, policies, profile, args.kv_tokens, real_jcts))
+        if measured:
+            doc["calibration"] = measured
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2))
     return 0 if all(r.tasks_completed == r.tasks for r in out.values()) else 1
 
 
-def _calibrate(url: str, kv_tokens: int) -> Profile:
-    """Measure the server (topas calibrate) for the simulator's profile."""
+def _jcts(results: Sequence[TaskResult | BaseException]) -> dict[str, float]:
+    return {r.task_id: r.jct_s for r in results if isinstance(r, TaskResult)}
+
+
+def _sim_and_fidelity(tasks: list[TaskPlan], policies: Sequence[str], profile: Profile, kv_tokens: int,
+                      real_jcts: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """`sim`, `profile` and `fidelity` of the JSON: the same trace simulated per policy, with
+    and without the measured per-call overhead, against the real per-task JCTs."""
+    from .fidelity import fidelity
+
+    runs = simulate_tasks(tasks, policies, profile, kv_tokens)
+    model_only = simulate_tasks(tasks, policies, dataclasses.replace(profile, call_overhead_s=0.0), kv_tokens)
+    sim = {p: {"mean_jct": r.mean_jct, "p99_jct": r.p99_jct} for p, r in runs.items()}
+    per_task = lambda rs: {p: {t.task_id: t.jct_s for t in r.tasks} for p, r in rs.items()}  # noqa: E731
+    fid = fidelity(real_jcts, per_task(runs), per_task(model_only))
+    for name, r in sim.items():
+        print(f"{name:>8}: simulated mean JCT {r['mean_jct']:.3f} s, p99 {r['p99_jct']:.3f} s")
+    for name, e in fid["policies"].items():
+        te = e["task_rel_error"]
+        print(f"{name:>8}: sim/real mean JCT error {e['mean_jct_rel_error']:+.1%}"
+              f" (without call overhead {e.get('rel_error_without_call_overhead', float('nan')):+.1%});"
+              f" per-task error p10/p50/p90 {te.get('p10', float('nan')):+.1%} / {te.get('p50', float('nan')):+.1%}"
+              f" / {te.get('p90', float('nan')):+.1%}")
+    print(f"ranking real {fid['ranking']['real']} sim {fid['ranking']['sim']}; 10% goal met: {fid['goal']['met']}")
+    return {"sim": sim, "profile": dataclasses.asdict(profile), "fidelity": fid}
+
+
+def _calibrate(url: str, kv_tokens: int, measured: dict[str, Any]) -> Profile:
+    """Measure the server (topas calibrate) for the simulator's profile; the points go in
+    `measured` ((x, seconds) lists: prefill by prompt tokens, decode step by batch, calls)."""
     import httpx
 
     from ..cli.calibrate import _kv_budget, fit_profile, measure
 
     model = httpx.get(f"{url}/models", timeout=30).json()["data"][0]["id"]
     budget = _kv_budget(url, kv_tokens) or kv_tokens
-    prefill, decode = asyncio.run(measure(url, model, budget))
-    return fit_profile(load_profile(), "calibrated", model, budget, prefill, decode)
+    m = asyncio.run(measure(url, model, budget))
+    measured.update(prefill=m.prefill, decode=m.decode, calls=[b._asdict() for b in m.calls])
+    profile = fit_profile(load_profile(), "calibrated", model, budget, m.prefill, m.decode, m.calls)
+    print(f"calibrated: tm_s {profile.tm_s:.5f}, tc_s_per_token {profile.tc_s_per_token:.3e}, "
+          f"call_overhead_s {profile.call_overhead_s:.4f} (minimal calls, s: "
+          + ", ".join(f"{b.wall_s:.3f}" + (f"/{b.calls}" if b.calls > 1 else "") for b in m.calls)
+          + "; decode step by batch: " + ", ".join(f"{b}: {t:.4f}" for b, t in m.decode) + " s)")
+    return profile
+
+
+def simulate_tasks(tasks: list[TaskPlan], policies: Sequence[str], profile: Profile,
+                   kv_tokens: int) -> dict[str, Any]:
+    """The same trace in the simulator, per policy, on the real pool size (no host tier):
+    policy -> `RunResult`."""
+    from ..policies import make_policy
+    from ..sim.driver import simulate
+
+    return {p: simulate(tasks, make_policy(p), profile, kv_budget=kv_tokens, host_tier=False) for p in policies}
 
 
 def simulate_policies(tasks: list[TaskPlan], policies: Sequence[str], profile: Profile,
                       kv_tokens: int) -> dict[str, dict[str, float]]:
-    """The same trace in the simulator, per policy, on the real pool size (no host tier)."""
-    from ..policies import make_policy
-    from ..sim.driver import simulate
-
-    out = {}
-    for policy in policies:
-        r = simulate(tasks, make_policy(policy), profile, kv_budget=kv_tokens, host_tier=False)
-        out[policy] = {"mean_jct": r.mean_jct, "p99_jct": r.p99_jct}
-    return out
+    """Mean and p99 JCT of `simulate_tasks`."""
+    return {p: {"mean_jct": r.mean_jct, "p99_jct": r.p99_jct}
+            for p, r in simulate_tasks(tasks, policies, profile, kv_tokens).items()}
 
 
 def _as_dict(r: PolicyResult) -> dict[str, Any]:

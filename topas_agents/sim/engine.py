@@ -23,6 +23,7 @@ from types import MappingProxyType
 import numpy as np
 
 from ..costmodel import Profile
+from ..engine import EngineRequest, OverBudgetError, RequestError
 from ..errors import DecisionError, TopasError
 from ..percentile import percentile
 from ..policies import Policy
@@ -33,11 +34,11 @@ from .fills import PrefillQueue
 from .integrity import check_engine
 from .record import TimelineRecorder
 from .requests import RequestTable
-from .residency import Residency
+from .residency import PrefixCacheCount, Residency
 from .runs import GpuWork
 from .state import Req
 from .tasks import Tasks
-from .types import EngineRequest, EngineStats, OverBudgetError, RequestError
+from .types import EngineStats
 from .views import Views
 
 
@@ -319,6 +320,15 @@ class SimEngine:
             runs=gpu.runs,
             now=self.now,
         )
+
+    def decision_times_s(self, start: int = 0) -> list[float]:
+        """Wall-clock seconds of each policy decision from the `start`-th on (the list only
+        grows, so a reader can keep its place: /metrics observes each one once)."""
+        return self._decision_s[start:]
+
+    def prefix_cache_counts(self) -> dict[str, PrefixCacheCount]:
+        """Per agent prefix: cumulative prefix-cache queries and hits in tokens."""
+        return {a: PrefixCacheCount(p.cache_queries, p.cache_hits) for a, p in self._residency.prefixes.items()}
 
     @property
     def kv_used(self) -> int:

@@ -8,11 +8,19 @@ kv_tokens of running requests: `pin`/`unpin` count a request's own KV here too).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ..costmodel import Profile
 from .events import TRANSFER, EventHeap
 from .fills import PrefillQueue
 from .state import Prefix, PrefixFill, Req, Transfer
+
+
+class PrefixCacheCount(NamedTuple):
+    """One agent's prefix-cache counters since the engine started, in tokens (see `pin`)."""
+
+    queries: int  # prompt tokens (prefix + input) of its admitted requests
+    hits: int  # of those, prefix tokens already materialised on GPU at admission
 
 
 class Residency:
@@ -140,6 +148,13 @@ class Residency:
         """An admitted request takes its KV and pins its prefix (loading or recomputing it)."""
         self.kv_used += r.kv_tokens
         p = r.prefix
+        # vLLM's prefix_cache_queries/hits, in tokens, once per admission (a re-admission
+        # after preemption queries again, as in vLLM): a hit only when the prefix is already
+        # materialised on GPU. Loading from host or being recomputed is a miss here, since
+        # this request still waits for those tokens. Counting only: no effect on the run.
+        p.cache_queries += p.tokens + r.input_tokens
+        if p.ready:
+            p.cache_hits += p.tokens
         p.running += 1
         p.last_used_s = now
         p.view = None

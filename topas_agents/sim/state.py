@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from ..engine import EngineRequest
 from ..snapshot import PrefixLocation, PrefixView, RequestView, TaskView
-from .types import EngineRequest
 
 ReqState = Literal["waiting", "running", "finished", "cancelled"]
 # Phase of a running request: waiting for its prefix (swap-in or another request's
@@ -15,7 +15,7 @@ Phase = Literal["load", "fill", "decode"]
 
 class Prefix:
     __slots__ = ("agent", "tokens", "location", "ready", "host_copy", "last_used_s", "running",
-                 "waiters", "filler", "transfer", "view")
+                 "waiters", "filler", "transfer", "view", "cache_queries", "cache_hits")
 
     def __init__(self, agent: str, tokens: int) -> None:
         self.agent = agent
@@ -29,6 +29,10 @@ class Prefix:
         self.filler: Req | PrefixFill | None = None  # what is recomputing it
         self.transfer: Transfer | None = None  # the swap-in while loading
         self.view: PrefixView | None = None  # cached snapshot view (None: stale)
+        # Prefix-cache accounting, in tokens, counted at each admission (Residency.pin):
+        # prompt tokens queried, and those served from this prefix already materialised on GPU.
+        self.cache_queries = 0
+        self.cache_hits = 0
 
     @property
     def on_gpu(self) -> bool:

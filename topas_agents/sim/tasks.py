@@ -7,9 +7,9 @@ which happens for every request of every GPU run.
 
 from __future__ import annotations
 
+from ..engine import EngineRequest
 from ..snapshot import StageDone, TaskView
 from .state import Req, Task
-from .types import EngineRequest
 
 
 class Tasks:

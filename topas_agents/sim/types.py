@@ -1,4 +1,8 @@
-"""Public value types of the simulated engine: requests in, statistics and results out."""
+"""Public value types of the simulated engine: statistics and results out.
+
+Requests in (`EngineRequest`) and the errors `submit` raises are the core engine contract,
+`topas_agents.engine`.
+"""
 
 from __future__ import annotations
 
@@ -8,37 +12,8 @@ from typing import Any
 from ..errors import TopasError
 
 
-class RequestError(TopasError, ValueError):
-    """A submitted request is malformed (duplicate id, negative sizes, output > max_new)."""
-
-
-class OverBudgetError(RequestError):
-    """A request whose prefix plus KV reservation can never fit the KV budget."""
-
-
 class StallError(TopasError, RuntimeError):
     """The engine went idle with work left (a policy that never admits what is waiting)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineRequest:
-    """One LLM call as the engine sees it.
-
-    `output_tokens` is what the call will actually generate (<= `max_new_tokens`); the KV
-    reservation uses `max_new_tokens`, as a real engine only knows the client's limit.
-    """
-
-    rid: str
-    task_id: str
-    workflow: str | None
-    stage: str
-    agent: str
-    prefix_tokens: int
-    input_tokens: int
-    output_tokens: int
-    max_new_tokens: int
-    round: int = 0
-    task_arrival_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,17 +11,20 @@ Rules (docs/server.md "Stage inference"):
 - Without a workflow nothing is inferred: stages finish explicitly or with their task.
 
 The tracker never touches the engine: mutating methods return the engine actions to apply.
-Only the engine-loop task calls it.
+One thread calls it (the embedded server's engine-loop task; the SGLang scheduler process).
+It raises `TaskError` subclasses (topas_agents.errors); servers map them to their own
+statuses (the embedded server: server/api_errors.py `from_task_error`).
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..workflow import Workflow
-from .api_errors import ApiError, bad_request
+from .errors import TaskClosedError, TaskWorkflowMismatchError, UnknownStageError, UnknownTaskError
+from .workflow import Workflow
 
 DoneReason = Literal["explicit", "workflow", "single", "idle"]
 
@@ -98,6 +101,11 @@ class TaskTracker:
         self.jcts: collections.deque[float] = collections.deque(maxlen=max_history)
         self.jct_count = 0
         self.jct_sum = 0.0
+        # For /metrics, which must never go down: every conclusion is reported to
+        # `on_conclude` (a reopened task that ends again is reported again) and reopens are
+        # counted, so conclusions - reopens_total == jct_count at any time.
+        self.on_conclude: Callable[[TaskState], None] | None = None
+        self.reopens_total = 0
 
     # ------------------------------------------------------------------ calls
 
@@ -107,10 +115,10 @@ class TaskTracker:
         if task is None:
             return None, None
         if task.closing or task.done_reason == "explicit":
-            raise ApiError(409, f"task '{task_id}' was marked done; use a new task_id", "topas.task_id")
+            raise TaskClosedError(f"task '{task_id}' was marked done; use a new task_id")
         if task.workflow_name != workflow_name:
-            raise bad_request(f"task '{task_id}' uses workflow {task.workflow_name!r}, got {workflow_name!r}",
-                              "topas.workflow")
+            raise TaskWorkflowMismatchError(
+                f"task '{task_id}' uses workflow {task.workflow_name!r}, got {workflow_name!r}")
         return task.arrival_s, task
 
     def next_round(self, task_id: str, stage: str) -> int:
@@ -128,6 +136,7 @@ class TaskTracker:
             if task is not None:  # concluded by inference or idleness, but not done after all
                 self.jct_count -= 1
                 self.jct_sum -= task.jct_s or 0.0
+                self.reopens_total += 1
                 task.done_reason, task.finish_s, task.reopened = None, None, task.reopened + 1
             else:
                 task = TaskState(task_id, workflow, workflow_name, now_s, unlabelled, now_wall)
@@ -173,14 +182,14 @@ class TaskTracker:
     def _known(self, task_id: str) -> TaskState:
         task = self.active.get(task_id) or self.finished.get(task_id)
         if task is None:
-            raise ApiError(404, f"unknown task '{task_id[:300]}'", "task_id")  # ids in URLs are unbounded
+            raise UnknownTaskError(f"unknown task '{task_id[:300]}'")  # ids in URLs are unbounded
         return task
 
     def stage_done(self, task_id: str, stage: str, now_s: float, now_wall: float) -> list[Action]:
         task = self._known(task_id)
         wf = task.workflow
         if wf is not None and not wf.has_stage(stage):
-            raise bad_request(f"workflow '{wf.name}' has no stage '{stage[:300]}'", "stage")
+            raise UnknownStageError(f"workflow '{wf.name}' has no stage '{stage[:300]}'")
         if task.task_id not in self.active:
             return []  # already concluded: every stage is done
         task.last_activity_wall = now_wall
@@ -249,4 +258,6 @@ class TaskTracker:
         self.jcts.append(finish_s - task.arrival_s)
         self.jct_count += 1
         self.jct_sum += finish_s - task.arrival_s
+        if self.on_conclude is not None:
+            self.on_conclude(task)
         return actions + [TaskDoneAction(task.task_id)]
