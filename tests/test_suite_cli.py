@@ -72,6 +72,9 @@ def test_defaults_and_optional_attributes(tmp_path: Path) -> None:
     assert cfg.budget == 9000 and cfg.host_tier is False
     assert cfg.policy_options == {"topas": {"kv_exp": 0}}
     assert cfg.baselines == ("fcfs",) and cfg.compared == ("topas",)
+    # a held-out suite: its own generator seed, independent of the arrival seeds
+    held_out = config_from_args(argparse.Namespace(**{**vars(args), "suite_seed": 7, "seeds": (1, 2)}))
+    assert (held_out.gen_seed, held_out.seeds) == (7, (1, 2))
 
 
 @pytest.mark.parametrize(("over", "match"), [

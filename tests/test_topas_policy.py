@@ -134,9 +134,12 @@ def test_aging_lets_an_old_task_overtake_a_denser_young_one():
     old = req("o/s1", "o", "s1", "a", inp=512, arrival=-300.0, task_arrival=-300.0)
     s = snap(budget=4096 + 768 + 100, waiting=[young, old], tasks=[task("y"), task("o", arrival=-300.0)],
              prefixes={"a": (4096, "gpu")})
-    assert _decide(make_policy("topas"), s).admit == ("o/s1",)
+    # the aging term alone: no head reservation (the old task's request has waited 300 s) and no
+    # rival states (Parrot's oldest-first state scores the same and would win the tie)
+    alone = {"backfill": "0", "rivals": "0"}
+    assert _decide(make_policy("topas", alone), s).admit == ("o/s1",)
     # without aging, the knapsack-density order (kv_exp = 1) prefers fewer KV tokens per progress
-    assert _decide(make_policy("topas-noaging", {"kv_exp": "1"}), s).admit == ("y/s1",)
+    assert _decide(make_policy("topas-noaging", {"kv_exp": "1", **alone}), s).admit == ("y/s1",)
     ctx = _context(s)
     g_old, g_young = ctx.task(old).g, ctx.task(young).g
     from topas_agents.policies.topas.terms import aging

@@ -123,6 +123,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--decision-cost", action="store_true",
                    help="instead of a bench, time one decision per policy (50 agents, 1000 waiting)")
     p.add_argument("--workflows", type=positive_int, default=20, help="--suite: random workflows (default 20)")
+    p.add_argument("--suite-seed", type=non_negative_int, default=None, metavar="N",
+                   help="--suite: seed of the workflow generator (default: --seed; --seeds only sets "
+                        "the arrival seeds, so a held-out suite is --suite-seed N --seeds ...)")
     p.add_argument("--worst-dir", default="results/suite-worst", metavar="DIR",
                    help="--suite: where the worst cases are written (default results/suite-worst)")
     from ..cluster.cli import add_cluster_bench_options

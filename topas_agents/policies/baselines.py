@@ -26,7 +26,7 @@ which the tests check.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Literal
@@ -77,6 +77,11 @@ class OrderedGreedy:
         decision = greedy_admit(snap, iter(self._queue))
         self._queue.note_admitted(decision.admit)
         return decision
+
+    def note_applied(self, admitted: Sequence[str]) -> None:
+        """When another policy decided (this one only proposed, see Topas's `rivals`): the
+        requests that engine admitted instead of ours, so the next sync stays incremental."""
+        self._queue.note_admitted(admitted)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

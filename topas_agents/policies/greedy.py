@@ -154,7 +154,7 @@ class SortedWaiting:
 
     def note_admitted(self, rids: Iterable[str]) -> None:
         """Tell the queue which requests this policy just admitted (they leave `waiting`)."""
-        self._admitted = [self._views[rid] for rid in rids]
+        self._admitted = [self._views[rid] for rid in rids if rid in self._views]
 
     def _diff(self, waiting: tuple[RequestView, ...]) -> tuple[RequestView, ...] | None:
         prev = self._prev

@@ -1,7 +1,7 @@
 """`run_suite_cli(args)`: the entry `topas bench --suite random` calls with its parsed args.
 
 Attributes read (the bench parser's names; the optional ones with `getattr` defaults, so a
-parser that lacks them still works): suite, workflows, seed, seeds, load, tasks, profile,
+parser that lacks them still works): suite, workflows, suite_seed, seed, seeds, load, tasks, profile,
 kv_budget, policies, json, no_progress, worst_dir, and optionally jobs (1), worst_n (5),
 policy_options (a ready policy -> options mapping) or policy_config / policy_opt (the bench's
 raw option flags), host_tier (a bench.hosttier.HostTier, a bool, or None) or no_host_tier.
@@ -59,7 +59,7 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
     policies = tuple(getattr(args, "policies", None) or (*BASELINES, "topas"))
     return SuiteConfig(
         workflows=int(getattr(args, "workflows", None) or DEFAULT_WORKFLOWS),
-        gen_seed=seed,
+        gen_seed=seed if getattr(args, "suite_seed", None) is None else int(args.suite_seed),
         seeds=tuple(seeds) if seeds else (seed,),
         loads=tuple(getattr(args, "load", None) or DEFAULT_LOADS),
         tasks=int(getattr(args, "tasks", None) or DEFAULT_TASKS),

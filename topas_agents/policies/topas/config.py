@@ -45,6 +45,22 @@ class TopasConfig:
                 the full decode reservation). 0 (default): by weighted progress alone; 1 (the
                 earlier default, knapsack density) ranked long-output stages, often on the
                 critical path, behind short ones.
+    block       weight of J_block (occupancy.py): KV a state leaves free that no shut-out agent
+                (prefix + smallest waiting request) can use stays stranded until its longest new
+                admission ends; charged block x the shut-out tasks' weights x that service x the
+                stranded fraction of the budget. Without it, a long request that pins a small
+                prefix keeps two large-prefix agents out for its whole decode (5-7x LPM on a
+                random-suite ReAct workflow). 0 disables it.
+    backfill    EASY backfilling for the oldest task's first waiting request (the head) once it
+                has waited backfill x the mean request service: when it fits it is admitted in
+                every state; when it does not, a request that would still run when the running
+                ones have freed the head's KV may only use the KV left over after the head.
+                Without it, large requests of old tasks are passed over by smaller ones for
+                ever (1.5x Parrot on random-suite loops); applied at once (0 wait) it turns
+                Topas into task FCFS with prefix thrash (chain3 1.2x Parrot). 0 disables it.
+    rivals      1: the decisions LPM and Parrot would take on the same snapshot are scored as
+                states with the same utility, and the best state wins (the search only visits
+                a few prefix sets; the baselines' states are cheap extra candidates). 0: off.
     seed        seed of the sample matrix (decisions are deterministic given it).
     """
 
@@ -62,6 +78,9 @@ class TopasConfig:
     size_weight: float = 1.0
     work_floor: float = 0.25
     kv_exp: float = 0.0
+    block: float = 1.0
+    backfill: float = 4.0
+    rivals: int = 1
     seed: int = 0
 
 
@@ -81,6 +100,9 @@ _LIMITS: dict[str, tuple[type, float, float | None]] = {
     "size_weight": (float, 0.0, None),
     "work_floor": (float, 0.0, 1.0),
     "kv_exp": (float, 0.0, 2.0),
+    "block": (float, 0.0, None),
+    "backfill": (float, 0.0, None),
+    "rivals": (int, 0, 1),
     "seed": (int, 0, None),
 }
 assert set(_LIMITS) == {f.name for f in dataclasses.fields(TopasConfig)}

@@ -10,7 +10,7 @@ are cached across decisions (see `Context._paths`, `Context.remaining`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ...snapshot import PrefixView, RequestView, Snapshot, TaskView
 from ...workflow import Workflow
@@ -18,6 +18,9 @@ from .config import TopasConfig
 from .longest_path import PathEstimator, TaskPaths, WorkflowModel
 from .profiles import ServiceProfiles, prior_service_s
 from .terms import CreditStore, aging, imminence, j_redo, load_cost, released_children, reload_cost
+
+if TYPE_CHECKING:
+    from .occupancy import Reservation
 
 _EMPTY: frozenset = frozenset()
 
@@ -135,6 +138,8 @@ class Context:
     _cands: dict[str, list[Item]] = field(default_factory=dict)
     _load: dict[str, tuple[float, bool]] = field(default_factory=dict)
     _preempt_cost: dict[str, float] = field(default_factory=dict)
+    _shut_out: dict[str, tuple[int, float]] = field(default_factory=dict)  # see occupancy.py
+    reservation: Reservation | None = None  # EASY backfilling of the head (occupancy.py)
 
     # ------------------------------------------------------------------ costs
     def load(self, agent: str) -> tuple[float, bool]:

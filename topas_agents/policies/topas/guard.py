@@ -12,7 +12,7 @@ first, so the fallback cannot starve anyone).
 
 from __future__ import annotations
 
-from ...snapshot import Decision, RequestView, Snapshot
+from ...snapshot import NOOP, Decision, RequestView, Snapshot
 
 
 def _order(r: RequestView) -> tuple[float, float, str]:
@@ -21,13 +21,13 @@ def _order(r: RequestView) -> tuple[float, float, str]:
 
 def work_conserving(snap: Snapshot, decision: Decision) -> Decision:
     """`decision`, unless it leaves the GPU idle with requests waiting: then the fallback."""
-    if snap.running or not snap.waiting or decision.admit:
-        return decision
+    if len(snap.running) > len(decision.preempt) or not snap.waiting or decision.admit:
+        return decision  # something runs after it (a preempt-only decision can empty the GPU)
     gpu = {p.agent: p for p in snap.prefixes if p.on_gpu}
-    used = sum(p.tokens for p in gpu.values())
+    used = sum(p.tokens for p in gpu.values()) + sum(r.kv_tokens for r in snap.running)
     for first in sorted(snap.waiting, key=_order):
         own = first.prefix_tokens if first.agent not in gpu else 0
-        evictable = sorted((p for a, p in gpu.items() if a != first.agent and p.location == "gpu"),
+        evictable = sorted((p for a, p in gpu.items() if a != first.agent and p.location == "gpu" and not p.running),
                            key=lambda p: (p.last_used_s, p.agent))
         need = used + own + first.kv_tokens - snap.kv_budget
         out: list[str] = []
@@ -45,4 +45,4 @@ def work_conserving(snap: Snapshot, decision: Decision) -> Decision:
                 admit.append(r.rid)
                 free -= r.kv_tokens
         return Decision(admit=tuple(admit), prefix_out=tuple(out))
-    return decision
+    return NOOP if decision.preempt else decision  # never empty the GPU for nothing

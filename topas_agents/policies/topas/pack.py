@@ -17,6 +17,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from .context import Context, Item, TaskCtx
+from .occupancy import delays_head, stranded_cost, uses_spare
 from .terms import j_move
 
 _EPS = 1e-12
@@ -60,6 +61,7 @@ class _Packer:
         self.served: dict[str, frozenset] = {}
         self.represented: set[str] = set()
         self.admitted: set[str] = set()
+        self.spare = ctx.reservation.extra if ctx.reservation is not None else 0  # see occupancy.py
         self.incoming = {a: [*ctx.load(a), {}] for a in agents if a not in ctx.gpu}
         # J_admit covers every request of Q': retained running requests keep their progress,
         # so a preemption forfeits it (on top of J_redo and J_revoke). The progress of all
@@ -98,12 +100,16 @@ class _Packer:
         return task.progress(served | {it.red}) - task.progress(served)
 
     def fits(self, it: Item) -> bool:
-        return it.req.kv_tokens <= self.free and it.req.rid not in self.admitted
+        if it.req.kv_tokens > self.free or it.req.rid in self.admitted:
+            return False
+        return not delays_head(self.ctx, it, self.spare)
 
     def admit(self, it: Item, m: float) -> None:
         task = it.task
         value = task.g * m
         self.free -= it.req.kv_tokens
+        if uses_spare(self.ctx, it):
+            self.spare -= it.req.kv_tokens
         self.admitted.add(it.req.rid)
         self.represented.add(task.task_id)
         if it.col >= 0:
@@ -142,16 +148,45 @@ def greedy_pack(ctx: Context, agents: frozenset[str]) -> PackResult | None:
     if any(it.pinned for it in preempt):  # about to finish: frees its KV anyway
         return None
     preempt.sort(key=lambda it: it.req.rid)
+    res = ctx.reservation
+    if res is not None and res.now and (res.agent not in agents or dropped):
+        return None  # the head fits without preempting anyone: it runs in every state
     pk = _Packer(ctx, agents, used, preempt)
+    if res is not None and res.now:
+        head = next(it for it in ctx.candidates(res.agent) if it.req.rid == res.rid)
+        if not pk.fits(head):
+            return None
+        pk.admit(head, max(pk.marginal(head), 0.0))
     order = sorted(agents)
     lists = [ctx.candidates(a) for a in order]
-    if not any(lists):
-        return pk.result
-    min_kv = min(it.req.kv_tokens for items in lists for it in items[:_MIN_KV_SCAN])
-    _reserve(pk, order, lists)
-    deferred = _fill(pk, lists, min_kv)
-    _zero_gain(pk, deferred, min_kv)
-    return pk.result
+    if any(lists):
+        min_kv = min(it.req.kv_tokens for items in lists for it in items[:_MIN_KV_SCAN])
+        _reserve(pk, order, lists)
+        deferred = _fill(pk, lists, min_kv)
+        _zero_gain(pk, deferred, min_kv)
+    return _charge_block(pk)
+
+
+def pack_requests(ctx: Context, agents: frozenset[str], requests: list[Item]) -> PackResult | None:
+    """The state with prefix set `agents` that keeps every running request and admits exactly
+    `requests`, in order (how another policy's decision is scored); None when it does not fit."""
+    used = sum(ctx.tokens[a] for a in agents) + sum(ctx.running_kv.values())
+    if used + sum(it.req.kv_tokens for it in requests) > ctx.snap.kv_budget:
+        return None
+    pk = _Packer(ctx, agents, used, [])
+    for it in requests:  # not through fits(): the other policy need not honour the head's reservation
+        pk.admit(it, max(pk.marginal(it), 0.0))
+    return _charge_block(pk)
+
+
+def _charge_block(pk: _Packer) -> PackResult:
+    """J_block (occupancy.py) is one commitment per state: charged alike to every k >= 1."""
+    result = pk.result
+    if pk.ctx.cfg.block > 0.0:
+        cost = stranded_cost(pk.ctx, result, pk.free)
+        if cost > 0.0:
+            result.scores[1:] = [v - cost for v in result.scores[1:]]
+    return result
 
 
 def _reserve(pk: _Packer, order: list[str], lists: list[list[Item]]) -> None:

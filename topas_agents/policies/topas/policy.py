@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from ...snapshot import NOOP, Decision, Snapshot
+from ..baselines import LPM, ParrotFCFS
 from .config import TopasConfig
 from .context import Context, Remaining, TaskMemo, build_context, prior_scales
 from .guard import work_conserving
 from .longest_path import PathEstimator
+from .occupancy import reserve_head
 from .profiles import ServiceProfiles
-from .search import Choice, search
+from .search import Choice, better, rival_choice, search
 from .terms import CreditStore
 
 # Cross-decision caches (remaining-service estimates, task memos) are pruned to live entries
@@ -29,9 +31,14 @@ class TopasPolicy:
         self._scales: tuple[object, tuple[float, float]] | None = None
         self._rem: dict[str, Remaining] = {}  # remaining-service estimates, kept while used
         self._task_memo: dict[str, TaskMemo] = {}  # see Context.task_memo
+        # TopasConfig.rivals: the baselines decide on every snapshot (their queues stay synced)
+        self._rivals = (ParrotFCFS(), LPM()) if self.config.rivals else ()
 
     def decide(self, snap: Snapshot) -> Decision:
-        return work_conserving(snap, self._decide(snap))
+        decision = work_conserving(snap, self._decide(snap))
+        for rival in self._rivals:
+            rival.note_applied(decision.admit)
+        return decision
 
     def _decide(self, snap: Snapshot) -> Decision:
         self.profiles.observe(snap.events)
@@ -41,7 +48,13 @@ class TopasPolicy:
         self.paths.begin()
         ctx = build_context(snap, self.config, self.credits, self.profiles, self.paths, self._prior(snap), self._rem)
         ctx.task_memo = self._task_memo
+        if self.config.backfill > 0.0:
+            ctx.reservation = reserve_head(ctx)
         choice = search(ctx)
+        for rival in self._rivals:
+            alt = rival_choice(ctx, rival.decide(snap))
+            if alt is not None and (choice is None or better(alt.score, alt.changes, choice.score, choice.changes)):
+                choice = alt
         if len(self._rem) > _CACHE_GROWTH * (len(snap.waiting) + len(snap.running) + _CACHE_SLACK):
             live = {r.rid for r in snap.waiting} | {r.rid for r in snap.running}
             self._rem = {k: v for k, v in self._rem.items() if k in live}

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations
 
+from ...snapshot import Decision
 from .context import Context
-from .pack import PackResult, greedy_pack
+from .pack import PackResult, greedy_pack, pack_requests
 
 
 @dataclass(slots=True)
@@ -22,7 +23,7 @@ class Choice:
     changes: int  # prefixes that change residency (tie-breaker: fewer moves win)
 
 
-def _better(score: float, changes: int, best_score: float, best_changes: int) -> bool:
+def better(score: float, changes: int, best_score: float, best_changes: int) -> bool:
     """Strictly better score, or an equal one (to rounding) with fewer prefix changes."""
     tol = 1e-9 * max(1.0, abs(score), abs(best_score))
     if score > best_score + tol:
@@ -55,7 +56,7 @@ class Search:
             if k < 0:
                 continue
             incumbent = self.best_nonempty if nonempty else self.best
-            if incumbent is None or _better(score, changes, incumbent.score, incumbent.changes):
+            if incumbent is None or better(score, changes, incumbent.score, incumbent.changes):
                 choice = Choice(pack, k, score, changes)
                 if nonempty:
                     self.best_nonempty = choice
@@ -84,6 +85,9 @@ def search(ctx: Context) -> Choice | None:
     s = Search(ctx)
     incumbent = frozenset(ctx.gpu)
     s.evaluate(incumbent)
+    res = ctx.reservation
+    if res is not None and res.now:  # the head runs in every state: make sure one is tried
+        s.evaluate(incumbent | {res.agent})
     if len(pool) <= ctx.cfg.enum_agents:
         _enumerate(s, pool)
     else:
@@ -155,3 +159,22 @@ def _repair(s: Search, ranked: list[str], current: frozenset[str], score: float)
                 break
         if not improved:
             return
+
+
+def rival_choice(ctx: Context, decision: Decision) -> Choice | None:
+    """Another policy's decision on the same snapshot as a Topas state, scored with the same
+    utility (TopasConfig.rivals), its admissions cut to k_admit. None when it does not map onto
+    a state: it preempts, admits nothing, names an unknown request, or does not fit."""
+    if decision.preempt or not decision.admit:
+        return None
+    by_rid = {r.rid: r for group in ctx.waiting.values() for r in group}
+    reqs = [by_rid.get(rid) for rid in decision.admit[:ctx.cfg.k_admit]]
+    if any(r is None for r in reqs):
+        return None
+    agents = (ctx.gpu - set(decision.prefix_out)) | {r.agent for r in reqs} | set(decision.prefix_in)
+    agents = frozenset(a for a in agents if a in ctx.tokens)
+    items = [next(it for it in ctx.candidates(r.agent) if it.req.rid == r.rid) for r in reqs]
+    pack = pack_requests(ctx, agents, items)
+    if pack is None:
+        return None
+    return Choice(pack, len(items), pack.scores[-1], len(agents ^ ctx.gpu))

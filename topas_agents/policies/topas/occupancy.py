@@ -1,0 +1,105 @@
+"""What a state's new admissions commit the KV to: J_block and the EASY head reservation.
+
+Topas scores a state by one horizon of progress, but an admission holds its KV until it ends.
+Two consequences the per-horizon score does not see, each measured on random-suite workflows
+(docs/suite.md):
+
+* **Stranded KV (J_block).** A long request that runs beside a small prefix can leave KV free
+  that no waiting agent can use (its prefix plus smallest request does not fit), for the whole
+  decode. `stranded_cost` charges the shut-out tasks' weights x the longest new admission's
+  service x the stranded fraction of the budget, once per state (every k >= 1).
+* **Large requests passed over (EASY backfilling).** The oldest task's first waiting request
+  (the head), once it has waited `backfill` x the mean request service, gets a reservation: if it fits now, every state admits it first; if not, the
+  running requests free its KV in `start_s`, and a request that would still be running then
+  may only use the KV left over after the head (`extra`). HPC schedulers call this EASY
+  backfilling: short work fills the gaps and never delays the head, so nothing starves.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from .context import Context, Item
+    from .pack import PackResult
+
+
+class Reservation(NamedTuple):
+    """The head request `rid` can start in `start_s` (0: now) with `extra` KV tokens to spare."""
+
+    rid: str
+    agent: str
+    start_s: float
+    extra: int
+
+    @property
+    def now(self) -> bool:
+        return self.start_s <= 0.0
+
+
+def reserve_head(ctx: Context) -> Reservation | None:
+    """The reservation of the oldest task's first waiting request, once it has waited
+    `backfill` x the mean request service (None before, or when nothing waits).
+
+    Its KV need includes its prefix unless resident; prefixes of agents with running requests
+    (and the head's own) stay, idle ones count as free (the head may evict them)."""
+    snap = ctx.snap
+    if not snap.waiting:
+        return None
+    head = min(snap.waiting, key=lambda r: (r.task_arrival_s, r.arrival_s, r.rid))
+    mean_request_s = ctx.horizon_s / ctx.cfg.horizon
+    if snap.now - head.arrival_s < ctx.cfg.backfill * mean_request_s:
+        return None  # not starving yet: Topas's own order stands
+    busy = set(ctx.running_reqs) | {head.agent}
+    pinned = sum(ctx.tokens[a] for a in ctx.gpu if a in busy and a in ctx.tokens)
+    need = head.kv_tokens + (0 if head.agent in ctx.gpu else ctx.tokens.get(head.agent, head.prefix_tokens))
+    free = snap.kv_budget - pinned - sum(ctx.running_kv.values())
+    if need <= free:
+        return Reservation(head.rid, head.agent, 0.0, free - need)
+    for req in sorted(snap.running, key=ctx.remaining):
+        free += req.kv_tokens
+        if free >= need:
+            return Reservation(head.rid, head.agent, ctx.remaining(req), free - need)
+    return Reservation(head.rid, head.agent, float("inf"), 0)
+
+
+def delays_head(ctx: Context, item: Item, spare: int) -> bool:
+    """Whether admitting `item` (not the head) would delay the head's reserved start: it would
+    still run then and needs more than the `spare` KV left after the head."""
+    res = ctx.reservation
+    if res is None or item.req.rid == res.rid or item.req.kv_tokens <= spare:
+        return False
+    return ctx.remaining(item.req) > res.start_s
+
+
+def uses_spare(ctx: Context, item: Item) -> bool:
+    """Whether `item` still runs at the head's start (so it occupies part of the spare)."""
+    res = ctx.reservation
+    return res is not None and item.req.rid != res.rid and ctx.remaining(item.req) > res.start_s
+
+
+def _shut_out(ctx: Context, agent: str) -> tuple[int, float]:
+    """(KV to start one waiting request of `agent` with its prefix, its waiting tasks' weights)."""
+    hit = ctx._shut_out.get(agent)
+    if hit is None:
+        reqs = ctx.waiting.get(agent, ())
+        need = ctx.tokens[agent] + min((r.kv_tokens for r in reqs), default=0)
+        weights = {r.task_id: ctx.task(r).g for r in reqs}
+        hit = ctx._shut_out[agent] = (need, sum(weights.values()))
+    return hit
+
+
+def stranded_cost(ctx: Context, result: PackResult, free: int) -> float:
+    """J_block of a packed state that admits something and leaves `free` KV unused."""
+    if not result.admits or free <= 0:
+        return 0.0
+    weight = 0.0
+    for agent in ctx.waiting:
+        if agent not in result.agents:
+            need, w = _shut_out(ctx, agent)
+            if need > free:
+                weight += w
+    if weight <= 0.0:
+        return 0.0
+    longest = max(ctx.remaining(it.req) for it in result.admits)
+    return ctx.cfg.block * weight * longest * free / max(1, ctx.snap.kv_budget)
