@@ -93,3 +93,114 @@ async def test_litellm_global_sessions_as_crewai_uses_them(server, monkeypatch):
         await litellm.acompletion(model="openai/topas-sim", api_base=server.url, api_key="x", max_tokens=8,
                                   messages=[{"role": "user", "content": "write"}])
     assert _seen(server, "crew-task") == [("research", "researcher", "body"), ("write", "writer", "body")]
+
+
+# ---------------------------------------------------------------------- tool calls (echo responder)
+
+def _weather_tool_log() -> tuple[list[str], object]:
+    seen: list[str] = []
+
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        seen.append(city)
+        return f"Sunny in {city}"
+    return seen, get_weather
+
+
+async def test_autogen_assistant_agent_runs_a_tool_and_ends(server):
+    pytest.importorskip("autogen_agentchat")
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_agentchat.messages import ToolCallExecutionEvent, ToolCallRequestEvent
+    from autogen_ext.models.openai import OpenAIChatCompletionClient
+
+    seen, get_weather = _weather_tool_log()
+    client = OpenAIChatCompletionClient(
+        model="topas-sim", base_url=server.url, api_key="x",
+        model_info={"vision": False, "function_calling": True, "json_output": False, "family": "unknown",
+                    "structured_output": False},
+        http_client=labelled_async_http_client())
+    for stream in (False, True):
+        agent = AssistantAgent("weather", model_client=client, tools=[get_weather], reflect_on_tool_use=True,
+                               model_client_stream=stream)
+        with label(task_id=f"ag-tool-{stream}", stage="plan", agent="weather"):
+            result = await asyncio.wait_for(agent.run(task="What is the weather in Paris?"), 60)
+        kinds = [type(m) for m in result.messages]
+        assert ToolCallRequestEvent in kinds and ToolCallExecutionEvent in kinds
+        assert result.messages[-1].content.startswith("Echo: tool result: Sunny in ")
+        assert _seen(server, f"ag-tool-{stream}") == [("plan", "weather", "body")] * 2
+    assert seen == ["example", "example"]  # the schema's placeholder string, once per run
+    await client.close()
+
+
+def _crew_labels(stage: str | None = None, agent: str | None = None):
+    from crewai.llms.hooks.base import BaseInterceptor
+
+    from topas_agents.integrations.httpx_labels import label_request
+
+    class TopasLabels(BaseInterceptor[httpx.Request, httpx.Response]):  # as in examples/crewai_tool_crew.py
+        def _label(self, message):
+            with label(stage=stage, agent=agent) as lab:
+                return label_request(message, lab)
+
+        def on_outbound(self, message):
+            message.read()
+            return self._label(message)
+
+        def on_inbound(self, message):
+            return message
+
+        async def aon_outbound(self, message):
+            await message.aread()
+            return self._label(message)
+
+        async def aon_inbound(self, message):
+            return message
+    return TopasLabels()
+
+
+@pytest.mark.parametrize("path", ["native", "litellm"])
+def test_crewai_agent_runs_a_tool_and_ends(server, monkeypatch, path):
+    monkeypatch.setenv("CREWAI_DISABLE_TELEMETRY", "true")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    crewai = pytest.importorskip("crewai")
+    from crewai.tools import tool
+
+    if path == "litellm":
+        litellm = pytest.importorskip("litellm")
+        monkeypatch.setattr(litellm, "client_session", labelled_http_client())
+        monkeypatch.setattr(litellm, "aclient_session", labelled_async_http_client())
+        # unknown to LiteLLM's model map: CrewAI would prompt for ReAct text and send no `tools`
+        monkeypatch.setattr(litellm, "model_cost", dict(litellm.model_cost))  # restored after the test
+        litellm.register_model({"openai/topas-sim": {"litellm_provider": "openai", "mode": "chat",
+                                                     "supports_function_calling": True}})
+        llm = crewai.LLM(model="openai/topas-sim", base_url=server.url, api_key="x", is_litellm=True)
+    else:
+        llm = crewai.LLM(model="openai/topas-sim", base_url=server.url, api_key="x",
+                         interceptor=_crew_labels())
+    seen, get_weather = _weather_tool_log()
+    agent = crewai.Agent(role="Weather reporter", goal="Report the weather", backstory="Uses the tool.",
+                         tools=[tool("get_weather")(get_weather)], llm=llm, max_iter=5)
+    job = crewai.Task(description="What is the weather in Paris?", expected_output="One sentence.", agent=agent)
+    with label(task_id=f"crew-tool-{path}", stage="research", agent="reporter"):
+        out = crewai.Crew(agents=[agent], tasks=[job]).kickoff()
+    assert seen == ["example"] and out.raw.startswith("Echo: tool result: Sunny in example")
+    assert _seen(server, f"crew-tool-{path}") == [("research", "reporter", "body")] * 2
+
+
+async def test_crewai_per_agent_stages_from_each_llms_interceptor(server, monkeypatch):
+    monkeypatch.setenv("CREWAI_DISABLE_TELEMETRY", "true")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    crewai = pytest.importorskip("crewai")
+
+    def member(stage: str, name: str) -> object:
+        llm = crewai.LLM(model="openai/topas-sim", base_url=server.url, api_key="x",
+                         interceptor=_crew_labels(stage=stage, agent=name))
+        return crewai.Agent(role=name, goal=stage, backstory="-", llm=llm, max_iter=2)
+
+    researcher, writer = member("research", "researcher"), member("write", "writer")
+    jobs = [crewai.Task(description="Research todo apps.", expected_output="notes", agent=researcher),
+            crewai.Task(description="Write it up.", expected_output="a paragraph", agent=writer)]
+    with label(task_id="crew-two"):  # the task id from the caller, stage/agent from each agent's LLM
+        await crewai.Crew(agents=[researcher, writer], tasks=jobs).kickoff_async()
+    assert _seen(server, "crew-two") == [("research", "researcher", "body"), ("write", "writer", "body")]
