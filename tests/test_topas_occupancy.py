@@ -98,7 +98,7 @@ def test_j_block_charges_stranded_kv_to_the_shut_out_tasks():
     assert [it.req.rid for it in pack.admits] == ["t/s1"]
     free = 17_500 - 1200 - longs.kv_tokens
     weight = ctx.task(big).g
-    expected = weight * ctx.remaining(longs) * free / 17_500
+    expected = ctx.cfg.block * weight * ctx.remaining(longs) * free / 17_500
     assert stranded_cost(ctx, pack, free) == pytest.approx(expected)
     unpriced = greedy_pack(_context(s, TopasConfig(backfill=0.0, block=0.0)), frozenset({"s"}))
     assert pack.scores[0] == pytest.approx(unpriced.scores[0])  # admitting nothing: no charge

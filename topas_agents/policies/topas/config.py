@@ -78,7 +78,7 @@ class TopasConfig:
     size_weight: float = 1.0
     work_floor: float = 0.25
     kv_exp: float = 0.0
-    block: float = 1.0
+    block: float = 0.5
     backfill: float = 4.0
     rivals: int = 1
     seed: int = 0
