@@ -24,7 +24,7 @@ EAGER = TopasConfig(backfill=1e-9)
 
 def _context(s, cfg=EAGER):
     profiles = ServiceProfiles(cfg)
-    ctx = build_context(s, cfg, CreditStore(), profiles, PathEstimator(profiles), prior_scales(s), {})
+    ctx = build_context(s, cfg, CreditStore(), profiles, PathEstimator(profiles), prior_scales(s))
     ctx.reservation = reserve_head(ctx) if cfg.backfill > 0.0 else None
     return ctx
 

@@ -27,7 +27,7 @@ def _context(s, cfg=None, events=()):
     cfg = cfg or TopasConfig()
     profiles = ServiceProfiles(cfg)
     profiles.observe(events)
-    return build_context(s, cfg, CreditStore(), profiles, PathEstimator(profiles), prior_scales(s), {})
+    return build_context(s, cfg, CreditStore(), profiles, PathEstimator(profiles), prior_scales(s))
 
 
 def test_critical_request_is_admitted_before_the_off_critical_one():

@@ -9,6 +9,7 @@ are cached across decisions (see `Context._paths`, `Context.remaining`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -45,6 +46,39 @@ class TaskMemo(NamedTuple):
 # demand(): an agent's queue counts up to this many requests (a long queue should not
 # dominate the greedy ranking; it only orders which outsiders are tried first).
 _DEMAND_QUEUE_CAP = 8
+@dataclass(slots=True)
+class DecisionCaches:
+    """The policy's cross-decision caches, each validated on use by object identity (engines
+    hand the same view object for an unchanged request or task), pruned by one rule."""
+
+    remaining: dict[str, Remaining] = field(default_factory=dict)  # rid -> estimate
+    task_memo: dict[str, TaskMemo] = field(default_factory=dict)  # task_id -> path matrix
+    tasks: dict[str, TaskCtx] = field(default_factory=dict)  # task_id -> last valuation
+    items: dict[str, Item] = field(default_factory=dict)  # rid -> last waiting valuation
+
+    def prune(self, snap: Snapshot) -> None:
+        """Drop dead entries once a cache outgrows _CACHE_GROWTH x (live + _CACHE_SLACK):
+        amortised O(1) per decision."""
+        live_reqs = len(snap.waiting) + len(snap.running) + _CACHE_SLACK
+        live_tasks = len(snap.tasks) + _CACHE_SLACK
+        if len(self.remaining) > _CACHE_GROWTH * live_reqs or len(self.items) > _CACHE_GROWTH * live_reqs:
+            rids = {r.rid for r in snap.waiting} | {r.rid for r in snap.running}
+            self.remaining = {k: v for k, v in self.remaining.items() if k in rids}
+            self.items = {k: v for k, v in self.items.items() if k in rids}
+        if len(self.task_memo) > _CACHE_GROWTH * live_tasks or len(self.tasks) > _CACHE_GROWTH * live_tasks:
+            ids = {t.task_id for t in snap.tasks}
+            self.task_memo = {k: v for k, v in self.task_memo.items() if k in ids}
+            self.tasks = {k: v for k, v in self.tasks.items() if k in ids}
+
+
+# DecisionCaches.prune: a cache is pruned to live entries past this factor x (live + slack).
+_CACHE_GROWTH = 4
+_CACHE_SLACK = 64
+# The horizon is snapped to a geometric grid of this many steps per doubling (~9%): the
+# observed mean it derives from moves with every completion, and an exact float would change
+# the attained-service grid and every delta each decision, defeating the cross-decision
+# caches of path matrices and gains. Within 9% the horizon is the same scale.
+_HORIZON_STEPS_PER_DOUBLING = 8
 # prior_scales() without workflows: the mean over this many requests is enough for a scale.
 _PRIOR_SAMPLE = 64
 
@@ -60,6 +94,9 @@ class TaskCtx:
     base: frozenset = _EMPTY  # (source, delta) of its running requests (served if retained)
     running: list = field(default_factory=list)  # its running Items
     _run_value: float | None = None
+    # what it was valued under (Context.task carries it to the next decision while unchanged)
+    horizon_s: float = 0.0
+    running_views: tuple = ()
 
     @property
     def run_value(self) -> float:
@@ -135,6 +172,8 @@ class Context:
     models: dict[str, WorkflowModel] = field(default_factory=dict)
     rem_cache: dict[str, Remaining] = field(default_factory=dict)  # rid -> estimate, persistent
     task_memo: dict[str, TaskMemo] = field(default_factory=dict)  # task_id -> memo, persistent
+    task_cache: dict[str, TaskCtx] = field(default_factory=dict)  # task_id -> last TaskCtx, persistent
+    item_cache: dict[str, Item] = field(default_factory=dict)  # rid -> last waiting Item, persistent
     _cands: dict[str, list[Item]] = field(default_factory=dict)
     _load: dict[str, tuple[float, bool]] = field(default_factory=dict)
     _preempt_cost: dict[str, float] = field(default_factory=dict)
@@ -199,18 +238,23 @@ class Context:
         if hit is not None:
             return hit
         items = []
+        kv_exp = self.cfg.kv_exp
         for req in self.waiting.get(agent, ()):
             task = self.task(req)
-            item = self.item(req, task)
-            base = task.base
-            if item.col >= 0:
-                if base:
-                    item.gain = task.progress(base | {item.red}) - task.progress(base)
-                else:
-                    item.gain = task.progress1(item.col, item.delta)
+            item = self.item_cache.get(req.rid)
+            if item is not None and item.req is req and item.task is task:
+                item.reuse = None  # its gain is unchanged (same view, same task state)
             else:
-                item.gain = item.delta
-            item.prio = task.g * item.gain / max(1, req.kv_tokens) ** self.cfg.kv_exp
+                item = self.item_cache[req.rid] = self.item(req, task)
+                base = task.base
+                if item.col >= 0:
+                    if base:
+                        item.gain = task.progress(base | {item.red}) - task.progress(base)
+                    else:
+                        item.gain = task.progress1(item.col, item.delta)
+                else:
+                    item.gain = item.delta
+            item.prio = task.g * item.gain / max(1, req.kv_tokens) ** kv_exp
             items.append(item)
         items.sort(key=lambda it: (-it.prio, it.req.task_arrival_s, it.req.arrival_s, it.req.rid))
         for i, it in enumerate(items):
@@ -254,7 +298,10 @@ class Context:
         return aging(age, self.age_scale_s, max(self.cfg.rho, 1.0)) * min(len(self.waiting.get(agent, ())), _DEMAND_QUEUE_CAP)
 
     def task(self, req: RequestView) -> TaskCtx:
-        """The task of `req` (built once per decision)."""
+        """The task of `req` (valued once per decision). The TaskCtx of the previous decision
+        is carried over, with only its weight refreshed, while its path matrix, running
+        request views and the horizon are the same objects/values: its base, running items
+        and its waiting items' gains are then unchanged."""
         task = self.tasks.get(req.task_id)
         if task is not None:
             return task
@@ -276,14 +323,35 @@ class Context:
         g = aging(snap.now - arrival, self.age_scale_s, self.cfg.rho)
         if self.cfg.size_weight > 0.0:  # SRPT-like: smaller remaining work, larger weight
             g *= (self.age_scale_s / max(work, 1e-3 * self.age_scale_s)) ** self.cfg.size_weight
-        task = self.tasks[req.task_id] = TaskCtx(req.task_id, g, paths, wf, done, self.cfg.work_floor)
-        for r in self.running_by_task.get(req.task_id, ()):
+        running = tuple(self.running_by_task.get(req.task_id, ()))
+        task = self.task_cache.get(req.task_id)
+        if task is not None and task.paths is paths and task.wf is wf and task.horizon_s == self.horizon_s \
+                and len(task.running_views) == len(running) \
+                and all(a is b for a, b in zip(task.running_views, running, strict=True)):
+            task.g = g
+            task._run_value = None
+            for item in task.running:
+                item.reuse = None  # depends on this decision's resident set
+            self.tasks[req.task_id] = task
+            return task
+        task = self.tasks[req.task_id] = TaskCtx(req.task_id, g, paths, wf, done, self.cfg.work_floor,
+                                                 horizon_s=self.horizon_s, running_views=running)
+        self.task_cache[req.task_id] = task
+        for r in running:
             item = self.item(r, task)
             item.pinned = _finishing(item, self.horizon_s)
             task.running.append(item)
             if item.col >= 0:
                 task.base = task.base | {item.red}
         return task
+
+
+def snap_to_grid(seconds: float) -> float:
+    """`seconds` rounded to the nearest 2**(i / _HORIZON_STEPS_PER_DOUBLING)."""
+    if seconds <= 0.0 or not math.isfinite(seconds):
+        return seconds
+    steps = round(math.log2(seconds) * _HORIZON_STEPS_PER_DOUBLING)
+    return 2.0 ** (steps / _HORIZON_STEPS_PER_DOUBLING)
 
 
 def _running_reuse(ctx: Context) -> None:
@@ -338,11 +406,15 @@ def prior_scales(snap: Snapshot) -> tuple[float, float]:
 
 
 def build_context(snap: Snapshot, cfg: TopasConfig, credits: CreditStore, profiles: ServiceProfiles,
-                  paths: PathEstimator, scales: tuple[float, float], rem_cache: dict[str, Remaining]) -> Context:
+                  paths: PathEstimator, scales: tuple[float, float], caches: DecisionCaches | None = None) -> Context:
+    """The decision's context over the policy's cross-decision `caches` (a fresh set when
+    None); they are in place before anything is valued (V_reuse of running requests is)."""
     ctx = Context(snap, cfg, credits, profiles, paths)
-    ctx.rem_cache = rem_cache
+    if caches is not None:
+        ctx.rem_cache, ctx.task_memo = caches.remaining, caches.task_memo
+        ctx.task_cache, ctx.item_cache = caches.tasks, caches.items
     ctx.age_scale_s = profiles.stage_scale(scales[0])
-    ctx.horizon_s = cfg.horizon * profiles.request_scale(scales[1])
+    ctx.horizon_s = snap_to_grid(cfg.horizon * profiles.request_scale(scales[1]))
     ctx.quantum_s = max(ctx.horizon_s, 1e-6)
     ctx.prefix = {p.agent: p for p in snap.prefixes}
     ctx.tokens = {p.agent: p.tokens for p in snap.prefixes}

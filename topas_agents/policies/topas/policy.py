@@ -5,18 +5,13 @@ from __future__ import annotations
 from ...snapshot import NOOP, Decision, Snapshot
 from ..baselines import LPM, ParrotFCFS
 from .config import TopasConfig
-from .context import Context, Remaining, TaskMemo, build_context, prior_scales
+from .context import Context, DecisionCaches, build_context, prior_scales
 from .guard import work_conserving
 from .longest_path import PathEstimator
 from .occupancy import reserve_head
 from .profiles import ServiceProfiles
 from .search import Choice, better, rival_choice, search
 from .terms import CreditStore
-
-# Cross-decision caches (remaining-service estimates, task memos) are pruned to live entries
-# when they exceed this factor x (live entries + slack): amortised O(1) per decision.
-_CACHE_GROWTH = 4
-_CACHE_SLACK = 64
 
 
 class TopasPolicy:
@@ -29,8 +24,7 @@ class TopasPolicy:
         self.paths = PathEstimator(self.profiles)
         self.credits = CreditStore()
         self._scales: tuple[object, tuple[float, float]] | None = None
-        self._rem: dict[str, Remaining] = {}  # remaining-service estimates, kept while used
-        self._task_memo: dict[str, TaskMemo] = {}  # see Context.task_memo
+        self.caches = DecisionCaches()  # valuations carried across decisions (context.py)
         # TopasConfig.rivals: the baselines decide on every snapshot (their queues stay synced)
         self._rivals = (ParrotFCFS(), LPM()) if self.config.rivals else ()
 
@@ -46,8 +40,8 @@ class TopasPolicy:
         if not snap.waiting and (self.config.beta <= 0.0 or not snap.running):
             return NOOP
         self.paths.begin()
-        ctx = build_context(snap, self.config, self.credits, self.profiles, self.paths, self._prior(snap), self._rem)
-        ctx.task_memo = self._task_memo
+        ctx = build_context(snap, self.config, self.credits, self.profiles, self.paths, self._prior(snap),
+                            self.caches)
         if self.config.backfill > 0.0:
             ctx.reservation = reserve_head(ctx)
         choice = search(ctx)
@@ -55,12 +49,7 @@ class TopasPolicy:
             alt = rival_choice(ctx, rival.decide(snap))
             if alt is not None and (choice is None or better(alt.score, alt.changes, choice.score, choice.changes)):
                 choice = alt
-        if len(self._rem) > _CACHE_GROWTH * (len(snap.waiting) + len(snap.running) + _CACHE_SLACK):
-            live = {r.rid for r in snap.waiting} | {r.rid for r in snap.running}
-            self._rem = {k: v for k, v in self._rem.items() if k in live}
-        if len(self._task_memo) > _CACHE_GROWTH * (len(snap.tasks) + _CACHE_SLACK):
-            live = {t.task_id for t in snap.tasks}
-            self._task_memo = {k: v for k, v in self._task_memo.items() if k in live}
+        self.caches.prune(snap)
         if choice is None:
             return NOOP
         return self._emit(ctx, choice)
