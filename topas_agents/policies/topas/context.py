@@ -79,6 +79,8 @@ _CACHE_SLACK = 64
 # the attained-service grid and every delta each decision, defeating the cross-decision
 # caches of path matrices and gains. Within 9% the horizon is the same scale.
 _HORIZON_STEPS_PER_DOUBLING = 8
+# min_kv() scans this many candidates of a list.
+MIN_KV_SCAN = 64
 # prior_scales() without workflows: the mean over this many requests is enough for a scale.
 _PRIOR_SAMPLE = 64
 
@@ -96,7 +98,9 @@ class TaskCtx:
     _run_value: float | None = None
     # what it was valued under (Context.task carries it to the next decision while unchanged)
     horizon_s: float = 0.0
-    running_views: tuple = ()
+    running_key: tuple = ()  # (rid, delta, pinned) of its running requests, in snapshot order
+    view: TaskView | None = None
+    model: WorkflowModel | None = None
 
     @property
     def run_value(self) -> float:
@@ -175,6 +179,7 @@ class Context:
     task_cache: dict[str, TaskCtx] = field(default_factory=dict)  # task_id -> last TaskCtx, persistent
     item_cache: dict[str, Item] = field(default_factory=dict)  # rid -> last waiting Item, persistent
     _cands: dict[str, list[Item]] = field(default_factory=dict)
+    _min_kv: dict[str, int] = field(default_factory=dict)
     _load: dict[str, tuple[float, bool]] = field(default_factory=dict)
     _preempt_cost: dict[str, float] = field(default_factory=dict)
     _shut_out: dict[str, tuple[int, float]] = field(default_factory=dict)  # see occupancy.py
@@ -262,6 +267,16 @@ class Context:
         self._cands[agent] = items
         return items
 
+    def min_kv(self, agent: str) -> int:
+        """Smallest KV claim among `agent`'s first `MIN_KV_SCAN` candidates (the fill ends when
+        no request that small fits); the lists are sorted by priority, not size, so this is a
+        cheap bound, exact on uniform sizes. 0 for an empty list."""
+        hit = self._min_kv.get(agent)
+        if hit is None:
+            items = self.candidates(agent)
+            hit = self._min_kv[agent] = min((it.req.kv_tokens for it in items[:MIN_KV_SCAN]), default=0)
+        return hit
+
     def item(self, req: RequestView, task: TaskCtx) -> Item:
         col = -1
         if task.paths is not None:
@@ -309,37 +324,45 @@ class Context:
         view = self.views.get(req.task_id)
         arrival = view.arrival_s if view is not None else req.task_arrival_s
         wf = snap.workflows.get(req.workflow) if req.workflow is not None else None
-        paths = None
+        model = paths = None
         done: frozenset[str] = _EMPTY
+        running = tuple(self.running_by_task.get(req.task_id, ()))
+        task = self.task_cache.get(req.task_id)
         if wf is not None and wf.has_stage(req.stage):
             done = view.done_stages if view is not None else _EMPTY
             model = self.models.get(wf.name)
             if model is None:
                 model = self.models[wf.name] = self.paths.model(wf, snap.profile)
-            paths = self._paths(req.task_id, view, model, done)
+            if task is not None and view is not None and task.view is view and task.model is model \
+                    and task.horizon_s == self.horizon_s:
+                paths = task.paths  # what _paths would return: its memo holds this view
+            else:
+                paths = self._paths(req.task_id, view, model, done)
         else:
             wf = None
         work = paths.work if paths is not None else self.remaining(req)
         g = aging(snap.now - arrival, self.age_scale_s, self.cfg.rho)
         if self.cfg.size_weight > 0.0:  # SRPT-like: smaller remaining work, larger weight
             g *= (self.age_scale_s / max(work, 1e-3 * self.age_scale_s)) ** self.cfg.size_weight
-        running = tuple(self.running_by_task.get(req.task_id, ()))
-        task = self.task_cache.get(req.task_id)
-        if task is not None and task.paths is paths and task.wf is wf and task.horizon_s == self.horizon_s \
-                and len(task.running_views) == len(running) \
-                and all(a is b for a, b in zip(task.running_views, running, strict=True)):
+        horizon = self.horizon_s
+        running_key = tuple(_running_key(r, min(self.remaining(r), horizon), horizon, wf) for r in running)
+        if task is not None and task.paths is paths and task.wf is wf and task.horizon_s == horizon \
+                and task.running_key == running_key:
             task.g = g
             task._run_value = None
-            for item in task.running:
+            task.view = view
+            for item, r in zip(task.running, running, strict=True):
+                item.req = r  # same request, same (delta, pinned): only its view moved on
                 item.reuse = None  # depends on this decision's resident set
             self.tasks[req.task_id] = task
             return task
         task = self.tasks[req.task_id] = TaskCtx(req.task_id, g, paths, wf, done, self.cfg.work_floor,
-                                                 horizon_s=self.horizon_s, running_views=running)
+                                                 horizon_s=horizon, running_key=running_key,
+                                                 view=view, model=model)
         self.task_cache[req.task_id] = task
-        for r in running:
+        for r, (_, _delta, pinned) in zip(running, running_key, strict=True):
             item = self.item(r, task)
-            item.pinned = _finishing(item, self.horizon_s)
+            item.pinned = pinned
             task.running.append(item)
             if item.col >= 0:
                 task.base = task.base | {item.red}
@@ -366,14 +389,15 @@ def _running_reuse(ctx: Context) -> None:
             ctx.reuse_pairs[key] = ctx.reuse_pairs.get(key, 0.0) + value
 
 
-def _finishing(item: Item, horizon_s: float) -> bool:
-    """A running request that may finish within the interval (its KV frees itself soon, and
-    preempting it wastes all its work): its remaining service is under the horizon, or it has
-    generated at least the stage's smallest declared output (it may stop at any token)."""
-    if item.delta < horizon_s:
-        return True
-    wf, req = item.task.wf, item.req
-    return wf is not None and wf.has_stage(req.stage) and req.generated + 1 >= wf.stage(req.stage).output_tokens.lo
+def _running_key(req: RequestView, delta: float, horizon_s: float, wf: Workflow | None) -> tuple[str, float, bool]:
+    """What a running request contributes to its task's valuation: (rid, delta, pinned).
+    Pinned: it may finish within the interval (its KV frees itself soon, and preempting it
+    wastes all its work): its remaining service is under the horizon, or it has generated at
+    least the stage's smallest declared output (it may stop at any token)."""
+    if delta < horizon_s:
+        return req.rid, delta, True
+    pinned = wf is not None and wf.has_stage(req.stage) and req.generated + 1 >= wf.stage(req.stage).output_tokens.lo
+    return req.rid, delta, pinned
 
 
 def remaining_service_s(req: RequestView, snap: Snapshot) -> float:

@@ -21,9 +21,6 @@ from .occupancy import delays_head, stranded_cost, uses_spare
 from .terms import j_move
 
 _EPS = 1e-12
-# The smallest request KV (which ends the fill) is taken over each list's first candidates:
-# the lists are sorted by priority, not size, so this is a cheap bound, exact on uniform sizes.
-_MIN_KV_SCAN = 64
 # Reserve: an uncovered prefix gets the best fitting of its first few candidates (a fitting
 # one is almost always among them; scanning the whole list costs O(waiting) per prefix set).
 _RESERVE_LOOKAHEAD = 4
@@ -160,7 +157,7 @@ def greedy_pack(ctx: Context, agents: frozenset[str]) -> PackResult | None:
     order = sorted(agents)
     lists = [ctx.candidates(a) for a in order]
     if any(lists):
-        min_kv = min(it.req.kv_tokens for items in lists for it in items[:_MIN_KV_SCAN])
+        min_kv = min(ctx.min_kv(a) for a, items in zip(order, lists, strict=True) if items)
         _reserve(pk, order, lists)
         deferred = _fill(pk, lists, min_kv)
         _zero_gain(pk, deferred, min_kv)
