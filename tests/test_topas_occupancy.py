@@ -50,8 +50,9 @@ def test_the_head_waits_for_the_running_requests_to_free_its_kv():
     res = ctx.reservation
     assert res is not None and res.rid == "h/s2" and res.agent == "b" and not res.now
     # free now: 10000 - 2000 (a, pinned by the running request) - 3000 = 5000; the head needs
-    # 4000 + 4000; when the running request ends 3000 more are free: 8000, nothing to spare
-    assert res.extra == 0
+    # 4000 + 4000; when the running request ends its 3000 and a's idle prefix (2000) are free:
+    # 10000, 2000 to spare
+    assert res.extra == 2000
     assert res.start_s == pytest.approx(ctx.remaining(s.running[0]))
 
 
@@ -103,6 +104,43 @@ def test_j_block_charges_stranded_kv_to_the_shut_out_tasks():
     unpriced = greedy_pack(_context(s, TopasConfig(backfill=0.0, block=0.0)), frozenset({"s"}))
     assert pack.scores[0] == pytest.approx(unpriced.scores[0])  # admitting nothing: no charge
     assert pack.scores[1] == pytest.approx(unpriced.scores[1] - expected)
+
+
+def test_j_block_counts_a_resident_agent_whose_requests_no_longer_fit():
+    # budget 17500, both prefixes resident (11500 + 2600). Agent b's long request leaves 1900
+    # free for its whole decode; agent a's only waiting request needs 6000: a is shut out
+    # although its prefix stays resident (the loop workflows of docs/suite.md)
+    long_b = req("t/s3", "t", "s3", "b", prefix=2600, inp=200, out=1200, task_arrival=0.0)
+    big_a = req("u/s4", "u", "s4", "a", prefix=11500, inp=5800, out=200, task_arrival=1.0)
+    s = snap(now=2.0, budget=17_500, waiting=[long_b, big_a], prefixes={"a": (11500, "gpu"), "b": (2600, "gpu")},
+             tasks=[task("t", arrival=0.0), task("u", arrival=1.0)])
+    ctx = _context(s, TopasConfig(backfill=0.0))
+    pack = greedy_pack(ctx, frozenset({"a", "b"}))
+    assert [it.req.rid for it in pack.admits] == ["t/s3"]
+    free = 17_500 - 11500 - 2600 - long_b.kv_tokens
+    expected = ctx.cfg.block * ctx.task(big_a).g * ctx.remaining(long_b) * free / 17_500
+    assert stranded_cost(ctx, pack, free) == pytest.approx(expected)
+    # an agent whose every waiting request is admitted is not shut out
+    only_b = snap(now=2.0, budget=17_500, waiting=[long_b], prefixes={"a": (11500, "gpu"), "b": (2600, "gpu")},
+                  tasks=[task("t", arrival=0.0)])
+    ctx = _context(only_b, TopasConfig(backfill=0.0))
+    pack = greedy_pack(ctx, frozenset({"a", "b"}))
+    assert stranded_cost(ctx, pack, free) == 0.0
+
+
+def test_a_head_may_count_on_prefixes_that_go_idle():
+    # budget 17500: the head needs its resident 11500 prefix + 6000 KV, i.e. agent b's prefix
+    # too, which goes idle when b's only running request ends; before the fix b's prefix was
+    # counted as pinned forever and the reservation never started (start_s = inf)
+    running = req("r/s3", "r", "s3", "b", prefix=2600, inp=200, out=1200, gen=10, service=1.0, task_arrival=1.0)
+    head = req("h/s4", "h", "s4", "a", prefix=11500, inp=5800, out=200, arrival=5.0, task_arrival=0.0)
+    s = snap(now=50.0, budget=17_500, waiting=[head], running=[running],
+             prefixes={"a": (11500, "gpu"), "b": (2600, "gpu")},
+             tasks=[task("r", arrival=1.0, done={"s0", "s1", "s2"}), task("h", arrival=0.0, done={"s0", "s1", "s2", "s3"})])
+    res = _context(s).reservation
+    assert res is not None and res.rid == "h/s4" and not res.now
+    assert res.start_s == pytest.approx(_context(s).remaining(running))
+    assert res.extra == 17_500 - 11500 - head.kv_tokens
 
 
 def test_an_lpm_decision_is_scored_as_a_topas_state():

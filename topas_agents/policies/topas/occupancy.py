@@ -56,8 +56,15 @@ def reserve_head(ctx: Context) -> Reservation | None:
     free = snap.kv_budget - pinned - sum(ctx.running_kv.values())
     if need <= free:
         return Reservation(head.rid, head.agent, 0.0, free - need)
+    # Running requests end in order of remaining service; when an agent's last one ends, its
+    # prefix is idle and the head may evict it too (a prefix kept pinned here would make a
+    # head that needs the whole budget wait forever: start_s = inf reserves nothing).
+    left = {agent: len(reqs) for agent, reqs in ctx.running_reqs.items()}
     for req in sorted(snap.running, key=ctx.remaining):
         free += req.kv_tokens
+        left[req.agent] -= 1
+        if not left[req.agent] and req.agent != head.agent and req.agent in ctx.gpu:
+            free += ctx.tokens.get(req.agent, 0)
         if free >= need:
             return Reservation(head.rid, head.agent, ctx.remaining(req), free - need)
     return Reservation(head.rid, head.agent, float("inf"), 0)
@@ -79,13 +86,12 @@ def uses_spare(ctx: Context, item: Item) -> bool:
 
 
 def _shut_out(ctx: Context, agent: str) -> tuple[int, float]:
-    """(KV to start one waiting request of `agent` with its prefix, its waiting tasks' weights)."""
+    """(KV of `agent`'s smallest waiting request, its waiting tasks' weights)."""
     hit = ctx._shut_out.get(agent)
     if hit is None:
         reqs = ctx.waiting.get(agent, ())
-        need = ctx.tokens[agent] + min((r.kv_tokens for r in reqs), default=0)
         weights = {r.task_id: ctx.task(r).g for r in reqs}
-        hit = ctx._shut_out[agent] = (need, sum(weights.values()))
+        hit = ctx._shut_out[agent] = (min((r.kv_tokens for r in reqs), default=0), sum(weights.values()))
     return hit
 
 
@@ -94,11 +100,15 @@ def stranded_cost(ctx: Context, result: PackResult, free: int) -> float:
     if not result.admits or free <= 0:
         return 0.0
     weight = 0.0
+    admitted = {it.req.rid for it in result.admits}
     for agent in ctx.waiting:
+        need, w = _shut_out(ctx, agent)
         if agent not in result.agents:
-            need, w = _shut_out(ctx, agent)
-            if need > free:
-                weight += w
+            need += ctx.tokens[agent]  # it would also need its prefix
+        elif all(r.rid in admitted for r in ctx.waiting[agent]):
+            continue  # nothing of it is left waiting
+        if need > free:
+            weight += w
     if weight <= 0.0:
         return 0.0
     longest = max(ctx.remaining(it.req) for it in result.admits)
