@@ -206,4 +206,5 @@ def test_default_fill_order_ignores_the_kv_reservation():
     s = snap(budget=4096 + 768 + 100, waiting=[small, large], tasks=[task("y"), task("o", arrival=-1.0)],
              prefixes={"a": (4096, "gpu")})
     assert _decide(make_policy("topas-base"), s).admit == ("o/s1",)
-    assert _decide(make_policy("topas-base", {"kv_exp": "1"}), s).admit == ("y/s1",)
+    # (block = 0: with it, the state that strands less KV, admitting o, is scored higher)
+    assert _decide(make_policy("topas-base", {"kv_exp": "1", "block": "0"}), s).admit == ("y/s1",)
