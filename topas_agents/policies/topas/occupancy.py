@@ -100,15 +100,17 @@ def stranded_cost(ctx: Context, result: PackResult, free: int) -> float:
     if not result.admits or free <= 0:
         return 0.0
     weight = 0.0
-    admitted = {it.req.rid for it in result.admits}
-    for agent in ctx.waiting:
+    admitted: dict[str, int] = {}
+    for it in result.admits:
+        admitted[it.req.agent] = admitted.get(it.req.agent, 0) + 1
+    for agent, reqs in ctx.waiting.items():
         need, w = _shut_out(ctx, agent)
-        if agent not in result.agents:
+        resident = agent in result.agents
+        if not resident:
             need += ctx.tokens[agent]  # it would also need its prefix
-        elif all(r.rid in admitted for r in ctx.waiting[agent]):
-            continue  # nothing of it is left waiting
-        if need > free:
-            weight += w
+        if need <= free or (resident and admitted.get(agent, 0) == len(reqs)):
+            continue  # it fits, or nothing of it is left waiting
+        weight += w
     if weight <= 0.0:
         return 0.0
     longest = max(ctx.remaining(it.req) for it in result.admits)
