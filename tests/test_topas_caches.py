@@ -8,7 +8,7 @@ import pytest
 
 from topas_agents.bench.microbench import _world
 from topas_agents.costmodel import load_profile
-from topas_agents.policies.topas.context import DecisionCaches, snap_to_grid
+from topas_agents.policies.topas.caches import DecisionCaches, snap_to_grid
 from topas_agents.policies.topas.policy import TopasPolicy
 
 

@@ -8,12 +8,12 @@ from test_topas_support import req, snap, task
 
 from topas_agents.policies.baselines import LPM
 from topas_agents.policies.topas import TopasConfig
-from topas_agents.policies.topas.context import build_context, prior_scales
+from topas_agents.policies.topas.context import build_context
 from topas_agents.policies.topas.guard import work_conserving
 from topas_agents.policies.topas.longest_path import PathEstimator
 from topas_agents.policies.topas.occupancy import delays_head, reserve_head, stranded_cost
 from topas_agents.policies.topas.pack import greedy_pack
-from topas_agents.policies.topas.profiles import ServiceProfiles
+from topas_agents.policies.topas.profiles import ServiceProfiles, prior_scales
 from topas_agents.policies.topas.search import rival_choice
 from topas_agents.policies.topas.terms import CreditStore
 from topas_agents.snapshot import NOOP, Decision, check_decision

@@ -7,10 +7,10 @@ from test_topas_support import CHAIN3, DAG4, PROFILE, done, req, snap, task, wor
 
 from topas_agents.policies import make_policy
 from topas_agents.policies.topas import TopasConfig, TopasPolicy
-from topas_agents.policies.topas.context import build_context, prior_scales
+from topas_agents.policies.topas.context import build_context
 from topas_agents.policies.topas.longest_path import PathEstimator
 from topas_agents.policies.topas.pack import greedy_pack
-from topas_agents.policies.topas.profiles import ServiceProfiles, prior_service_s
+from topas_agents.policies.topas.profiles import ServiceProfiles, prior_scales, prior_service_s
 from topas_agents.policies.topas.terms import CreditStore
 from topas_agents.snapshot import NOOP, check_decision
 

@@ -46,11 +46,12 @@ class TopasConfig:
                 earlier default, knapsack density) ranked long-output stages, often on the
                 critical path, behind short ones.
     block       weight of J_block (occupancy.py): KV a state leaves free that no shut-out agent
-                (prefix + smallest waiting request) can use stays stranded until its longest new
-                admission ends; charged block x the shut-out tasks' weights x that service x the
-                stranded fraction of the budget. Without it, a long request that pins a small
-                prefix keeps two large-prefix agents out for its whole decode (5-7x LPM on a
-                random-suite ReAct workflow). 0 disables it.
+                (its smallest waiting request, plus its prefix unless resident) can use stays
+                stranded until its longest new admission ends; charged block x the shut-out
+                tasks' weights x that service x the stranded fraction of the budget. Without it,
+                a long request that pins a small prefix keeps large-prefix agents out for its
+                whole decode (5-7x LPM on a random-suite ReAct workflow; 2x on a loop whose
+                large agent's request needs the whole budget). 0 disables it.
     backfill    EASY backfilling for the oldest task's first waiting request (the head) once it
                 has waited backfill x the mean request service: when it fits it is admitted in
                 every state; when it does not, a request that would still run when the running

@@ -9,15 +9,15 @@ are cached across decisions (see `Context._paths`, `Context.remaining`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from ...snapshot import PrefixView, RequestView, Snapshot, TaskView
 from ...workflow import Workflow
+from .caches import DecisionCaches, Remaining, TaskMemo, snap_to_grid
 from .config import TopasConfig
 from .longest_path import PathEstimator, TaskPaths, WorkflowModel
-from .profiles import ServiceProfiles, prior_service_s
+from .profiles import ServiceProfiles, remaining_service_s
 from .terms import CreditStore, aging, imminence, j_redo, load_cost, released_children, reload_cost
 
 if TYPE_CHECKING:
@@ -26,63 +26,11 @@ if TYPE_CHECKING:
 _EMPTY: frozenset = frozenset()
 
 
-class Remaining(NamedTuple):
-    """A cached remaining-service estimate, valid while the engine hands the same view."""
-
-    view: RequestView
-    seconds: float
-
-
-class TaskMemo(NamedTuple):
-    """A task's path matrix and the state it was built for (see `Context._paths`)."""
-
-    view: TaskView | None
-    model: WorkflowModel
-    done: frozenset[str]
-    active: tuple[tuple[str, float], ...]  # attained service on the grid
-    paths: TaskPaths
-    quantum_s: float
-
 # demand(): an agent's queue counts up to this many requests (a long queue should not
 # dominate the greedy ranking; it only orders which outsiders are tried first).
 _DEMAND_QUEUE_CAP = 8
-@dataclass(slots=True)
-class DecisionCaches:
-    """The policy's cross-decision caches, each validated on use by object identity (engines
-    hand the same view object for an unchanged request or task), pruned by one rule."""
-
-    remaining: dict[str, Remaining] = field(default_factory=dict)  # rid -> estimate
-    task_memo: dict[str, TaskMemo] = field(default_factory=dict)  # task_id -> path matrix
-    tasks: dict[str, TaskCtx] = field(default_factory=dict)  # task_id -> last valuation
-    items: dict[str, Item] = field(default_factory=dict)  # rid -> last waiting valuation
-
-    def prune(self, snap: Snapshot) -> None:
-        """Drop dead entries once a cache outgrows _CACHE_GROWTH x (live + _CACHE_SLACK):
-        amortised O(1) per decision."""
-        live_reqs = len(snap.waiting) + len(snap.running) + _CACHE_SLACK
-        live_tasks = len(snap.tasks) + _CACHE_SLACK
-        if len(self.remaining) > _CACHE_GROWTH * live_reqs or len(self.items) > _CACHE_GROWTH * live_reqs:
-            rids = {r.rid for r in snap.waiting} | {r.rid for r in snap.running}
-            self.remaining = {k: v for k, v in self.remaining.items() if k in rids}
-            self.items = {k: v for k, v in self.items.items() if k in rids}
-        if len(self.task_memo) > _CACHE_GROWTH * live_tasks or len(self.tasks) > _CACHE_GROWTH * live_tasks:
-            ids = {t.task_id for t in snap.tasks}
-            self.task_memo = {k: v for k, v in self.task_memo.items() if k in ids}
-            self.tasks = {k: v for k, v in self.tasks.items() if k in ids}
-
-
-# DecisionCaches.prune: a cache is pruned to live entries past this factor x (live + slack).
-_CACHE_GROWTH = 4
-_CACHE_SLACK = 64
-# The horizon is snapped to a geometric grid of this many steps per doubling (~9%): the
-# observed mean it derives from moves with every completion, and an exact float would change
-# the attained-service grid and every delta each decision, defeating the cross-decision
-# caches of path matrices and gains. Within 9% the horizon is the same scale.
-_HORIZON_STEPS_PER_DOUBLING = 8
 # min_kv() scans this many candidates of a list.
 MIN_KV_SCAN = 64
-# prior_scales() without workflows: the mean over this many requests is enough for a scale.
-_PRIOR_SAMPLE = 64
 
 
 @dataclass(slots=True)
@@ -369,14 +317,6 @@ class Context:
         return task
 
 
-def snap_to_grid(seconds: float) -> float:
-    """`seconds` rounded to the nearest 2**(i / _HORIZON_STEPS_PER_DOUBLING)."""
-    if seconds <= 0.0 or not math.isfinite(seconds):
-        return seconds
-    steps = round(math.log2(seconds) * _HORIZON_STEPS_PER_DOUBLING)
-    return 2.0 ** (steps / _HORIZON_STEPS_PER_DOUBLING)
-
-
 def _running_reuse(ctx: Context) -> None:
     """V_reuse pairs of the running requests. A stage cannot finish before its current
     request does, so only requests that may finish within the horizon are looked at."""
@@ -398,35 +338,6 @@ def _running_key(req: RequestView, delta: float, horizon_s: float, wf: Workflow 
         return req.rid, delta, True
     pinned = wf is not None and wf.has_stage(req.stage) and req.generated + 1 >= wf.stage(req.stage).output_tokens.lo
     return req.rid, delta, pinned
-
-
-def remaining_service_s(req: RequestView, snap: Snapshot) -> float:
-    """Profiled remaining service of one request (re-prefill if it still has to prefill)."""
-    prof = snap.profile
-    ctx = req.prefix_tokens + req.input_tokens + req.generated
-    decode = req.remaining_tokens * prof.decode_step_s(1, ctx)
-    if req.service_s > 0.0 and req.preemptions == 0:
-        return decode
-    return prof.prefill_s(req.input_tokens + req.generated, req.prefix_tokens) + decode
-
-
-def prior_scales(snap: Snapshot) -> tuple[float, float]:
-    """(mean stage service, mean request service) predicted by the profile, for cold start."""
-    stages = rounds = 0.0
-    n = 0
-    for wf in snap.workflows.values():
-        for st in wf.stages:
-            s = prior_service_s(wf, st.name, snap.profile)
-            stages += s
-            rounds += s / st.requests.mean
-            n += 1
-    if n:
-        return stages / n, rounds / n
-    reqs = snap.waiting + snap.running
-    if not reqs:
-        return 1.0, 1.0
-    mean = sum(remaining_service_s(r, snap) for r in reqs[:_PRIOR_SAMPLE]) / min(_PRIOR_SAMPLE, len(reqs))
-    return mean, mean
 
 
 def build_context(snap: Snapshot, cfg: TopasConfig, credits: CreditStore, profiles: ServiceProfiles,

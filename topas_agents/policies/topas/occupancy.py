@@ -5,12 +5,14 @@ Two consequences the per-horizon score does not see, each measured on random-sui
 (docs/suite.md):
 
 * **Stranded KV (J_block).** A long request that runs beside a small prefix can leave KV free
-  that no waiting agent can use (its prefix plus smallest request does not fit), for the whole
-  decode. `stranded_cost` charges the shut-out tasks' weights x the longest new admission's
+  that no waiting agent can use (its smallest request, plus its prefix unless resident, does
+  not fit), for the whole decode; a resident agent counts too while any of its requests is
+  left waiting. `stranded_cost` charges the shut-out tasks' weights x the longest new admission's
   service x the stranded fraction of the budget, once per state (every k >= 1).
 * **Large requests passed over (EASY backfilling).** The oldest task's first waiting request
-  (the head), once it has waited `backfill` x the mean request service, gets a reservation: if it fits now, every state admits it first; if not, the
-  running requests free its KV in `start_s`, and a request that would still be running then
+  (the head), once it has waited `backfill` x the mean request service, gets a reservation:
+  if it fits now, every state admits it first; if not, the running requests (and the prefixes
+  they leave idle) free its KV in `start_s`, and a request that would still be running then
   may only use the KV left over after the head (`extra`). HPC schedulers call this EASY
   backfilling: short work fills the gaps and never delays the head, so nothing starves.
 """

@@ -10,12 +10,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ...snapshot import Decision, RequestView, Snapshot
-from .context import prior_scales
 from .paper_config import PaperConfig
 from .paper_pack import Index
 from .paper_search import Choice, search
 from .paper_value import RequestService, TaskValue, aging, reuse_counts, single_value, task_value
-from .profiles import ServiceProfiles
+from .profiles import ServiceProfiles, prior_scales
 
 
 class Valuation(NamedTuple):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from ...snapshot import NOOP, Decision, Snapshot
 from ..baselines import LPM, ParrotFCFS
+from .caches import DecisionCaches
 from .config import TopasConfig
-from .context import Context, DecisionCaches, build_context, prior_scales
+from .context import Context, build_context
 from .guard import work_conserving
 from .longest_path import PathEstimator
 from .occupancy import reserve_head
-from .profiles import ServiceProfiles
+from .profiles import ServiceProfiles, prior_scales
 from .search import Choice, better, rival_choice, search
 from .terms import CreditStore
 
@@ -24,7 +25,7 @@ class TopasPolicy:
         self.paths = PathEstimator(self.profiles)
         self.credits = CreditStore()
         self._scales: tuple[object, tuple[float, float]] | None = None
-        self.caches = DecisionCaches()  # valuations carried across decisions (context.py)
+        self.caches = DecisionCaches()  # valuations carried across decisions (caches.py)
         # TopasConfig.rivals: the baselines decide on every snapshot (their queues stay synced)
         self._rivals = (ParrotFCFS(), LPM()) if self.config.rivals else ()
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ...costmodel import Profile
-from ...snapshot import StageDone
+from ...snapshot import RequestView, Snapshot, StageDone
 from ...workflow import Workflow
 from .config import TopasConfig
 
@@ -142,3 +142,36 @@ class ServiceProfiles:
         dist = self._dists[key] = StageDist(values, uniforms, self._serial)
         self._pending[key] = 0
         return dist
+
+
+# prior_scales() without workflows: the mean over this many requests is enough for a scale.
+_PRIOR_SAMPLE = 64
+
+
+def remaining_service_s(req: RequestView, snap: Snapshot) -> float:
+    """Profiled remaining service of one request (re-prefill if it still has to prefill)."""
+    prof = snap.profile
+    ctx = req.prefix_tokens + req.input_tokens + req.generated
+    decode = req.remaining_tokens * prof.decode_step_s(1, ctx)
+    if req.service_s > 0.0 and req.preemptions == 0:
+        return decode
+    return prof.prefill_s(req.input_tokens + req.generated, req.prefix_tokens) + decode
+
+
+def prior_scales(snap: Snapshot) -> tuple[float, float]:
+    """(mean stage service, mean request service) predicted by the profile, for cold start."""
+    stages = rounds = 0.0
+    n = 0
+    for wf in snap.workflows.values():
+        for st in wf.stages:
+            s = prior_service_s(wf, st.name, snap.profile)
+            stages += s
+            rounds += s / st.requests.mean
+            n += 1
+    if n:
+        return stages / n, rounds / n
+    reqs = snap.waiting + snap.running
+    if not reqs:
+        return 1.0, 1.0
+    mean = sum(remaining_service_s(r, snap) for r in reqs[:_PRIOR_SAMPLE]) / min(_PRIOR_SAMPLE, len(reqs))
+    return mean, mean
