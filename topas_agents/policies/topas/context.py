@@ -3,8 +3,9 @@
 Waiting requests are grouped by agent and valued lazily: an agent's candidate list (sorted by
 weighted progress per extra KV token) is built only when a search step touches it; a running
 request is turned into an Item only when a state would preempt it, its task is valued, or it
-may release downstream stages (V_reuse). Task path matrices and remaining-service estimates
-are cached across decisions (see `Context._paths`, `Context.remaining`).
+may release downstream stages (V_reuse). Remaining-service estimates, task path matrices, task
+valuations and waiting requests' gains are carried across decisions in the policy's
+`DecisionCaches` (caches.py; see `Context.task` and `Context.candidates`).
 """
 
 from __future__ import annotations
@@ -262,9 +263,9 @@ class Context:
 
     def task(self, req: RequestView) -> TaskCtx:
         """The task of `req` (valued once per decision). The TaskCtx of the previous decision
-        is carried over, with only its weight refreshed, while its path matrix, running
-        request views and the horizon are the same objects/values: its base, running items
-        and its waiting items' gains are then unchanged."""
+        is carried over, with only its weight refreshed, while its path matrix (same object),
+        the horizon and its running requests' (rid, delta, pinned) are unchanged: its base,
+        running items (their views updated) and its waiting items' gains then still hold."""
         task = self.tasks.get(req.task_id)
         if task is not None:
             return task
