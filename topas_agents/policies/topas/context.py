@@ -123,10 +123,7 @@ class Context:
     oldest: dict[str, float] = field(default_factory=dict)  # earliest task arrival per agent
     views: dict[str, TaskView] = field(default_factory=dict)
     models: dict[str, WorkflowModel] = field(default_factory=dict)
-    rem_cache: dict[str, Remaining] = field(default_factory=dict)  # rid -> estimate, persistent
-    task_memo: dict[str, TaskMemo] = field(default_factory=dict)  # task_id -> memo, persistent
-    task_cache: dict[str, TaskCtx] = field(default_factory=dict)  # task_id -> last TaskCtx, persistent
-    item_cache: dict[str, Item] = field(default_factory=dict)  # rid -> last waiting Item, persistent
+    caches: DecisionCaches = field(default_factory=DecisionCaches)  # the policy's, across decisions
     _cands: dict[str, list[Item]] = field(default_factory=dict)
     _min_kv: dict[str, int] = field(default_factory=dict)
     _load: dict[str, tuple[float, bool]] = field(default_factory=dict)
@@ -193,13 +190,14 @@ class Context:
             return hit
         items = []
         kv_exp = self.cfg.kv_exp
+        cached = self.caches.items
         for req in self.waiting.get(agent, ()):
             task = self.task(req)
-            item = self.item_cache.get(req.rid)
+            item = cached.get(req.rid)
             if item is not None and item.req is req and item.task is task:
                 item.reuse = None  # its gain is unchanged (same view, same task state)
             else:
-                item = self.item_cache[req.rid] = self.item(req, task)
+                item = cached[req.rid] = self.item(req, task)
                 base = task.base
                 if item.col >= 0:
                     if base:
@@ -233,16 +231,16 @@ class Context:
         return Item(req, task, col, min(self.remaining(req), self.horizon_s))
 
     def remaining(self, req: RequestView) -> float:
-        hit = self.rem_cache.get(req.rid)
+        hit = self.caches.remaining.get(req.rid)
         # engines reuse the view object of an unchanged request: identity validates the entry
         remaining = hit.seconds if hit is not None and hit.view is req else remaining_service_s(req, self.snap)
-        self.rem_cache[req.rid] = Remaining(req, remaining)
+        self.caches.remaining[req.rid] = Remaining(req, remaining)
         return remaining
 
     def _paths(self, task_id: str, view: TaskView | None, model: WorkflowModel, done: frozenset[str]) -> TaskPaths:
         """The task's path matrix, reused while its state is unchanged: same view object (engines
         cache views of unchanged tasks), or same done set and attained service on the grid."""
-        memo = self.task_memo.get(task_id)
+        memo = self.caches.task_memo.get(task_id)
         if memo is not None and memo.view is view and memo.model is model and memo.quantum_s == self.quantum_s:
             return memo.paths
         active = view.active_stages if view is not None else ()
@@ -253,7 +251,7 @@ class Context:
             paths = memo.paths
         else:
             paths = self.paths.task(model, done, dict(active))
-        self.task_memo[task_id] = TaskMemo(view, model, done, active, paths, self.quantum_s)
+        self.caches.task_memo[task_id] = TaskMemo(view, model, done, active, paths, self.quantum_s)
         return paths
 
     def demand(self, agent: str) -> float:
@@ -276,7 +274,7 @@ class Context:
         model = paths = None
         done: frozenset[str] = _EMPTY
         running = tuple(self.running_by_task.get(req.task_id, ()))
-        task = self.task_cache.get(req.task_id)
+        task = self.caches.tasks.get(req.task_id)
         if wf is not None and wf.has_stage(req.stage):
             done = view.done_stages if view is not None else _EMPTY
             model = self.models.get(wf.name)
@@ -308,7 +306,7 @@ class Context:
         task = self.tasks[req.task_id] = TaskCtx(req.task_id, g, paths, wf, done, self.cfg.work_floor,
                                                  horizon_s=horizon, running_key=running_key,
                                                  view=view, model=model)
-        self.task_cache[req.task_id] = task
+        self.caches.tasks[req.task_id] = task
         for r, (_, _delta, pinned) in zip(running, running_key, strict=True):
             item = self.item(r, task)
             item.pinned = pinned
@@ -347,8 +345,7 @@ def build_context(snap: Snapshot, cfg: TopasConfig, credits: CreditStore, profil
     None); they are in place before anything is valued (V_reuse of running requests is)."""
     ctx = Context(snap, cfg, credits, profiles, paths)
     if caches is not None:
-        ctx.rem_cache, ctx.task_memo = caches.remaining, caches.task_memo
-        ctx.task_cache, ctx.item_cache = caches.tasks, caches.items
+        ctx.caches = caches
     ctx.age_scale_s = profiles.stage_scale(scales[0])
     ctx.horizon_s = snap_to_grid(cfg.horizon * profiles.request_scale(scales[1]))
     ctx.quantum_s = max(ctx.horizon_s, 1e-6)
