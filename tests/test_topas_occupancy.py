@@ -7,7 +7,7 @@ import pytest
 from test_topas_support import req, snap, task
 
 from topas_agents.policies.baselines import LPM
-from topas_agents.policies.topas import TopasConfig
+from topas_agents.policies.topas import TopasConfig, TopasPolicy
 from topas_agents.policies.topas.context import build_context
 from topas_agents.policies.topas.guard import work_conserving
 from topas_agents.policies.topas.longest_path import PathEstimator
@@ -166,3 +166,45 @@ def test_the_guard_never_lets_a_preempt_only_decision_empty_the_gpu():
     # 2000 + 600 (running) + 2000 + 600 > 4000: nothing fits beside the running request, so the
     # preemption is dropped instead of leaving the GPU idle with nothing admitted
     assert d == NOOP
+
+
+def _head_behind(running_task_arrival: float):
+    """`_blocked_head` with a long running request (the head's start is far off) of a task that
+    arrived at `running_task_arrival` (the head's task arrived at 0.0)."""
+    base = _blocked_head()
+    running = req("r/s1", "r", "s1", "a", prefix=2000, inp=2000, out=1000, gen=10, service=1.0,
+                  task_arrival=running_task_arrival)
+    tasks = [t for t in base.tasks if t.task_id != "r"] + [task("r", arrival=running_task_arrival, done={"s0"})]
+    return snap(now=base.now, budget=base.kv_budget, waiting=base.waiting, running=[running],
+                prefixes={"a": (2000, "gpu"), "b": (4000, "cpu")}, tasks=tasks)
+
+
+def _head_state(s, advance: float):
+    """The state that drops agent a (preempting the running request) and starts the head on b."""
+    ctx = _context(s, TopasConfig(backfill=1e-9, advance=advance))
+    pack = greedy_pack(ctx, frozenset({"b"}))
+    assert [it.req.rid for it in pack.preempt] == ["r/s1"]
+    assert pack.admits[0].req.rid == "h/s2"
+    return ctx, pack
+
+
+def test_starting_the_head_now_is_credited_its_advance():
+    s = _head_behind(running_task_arrival=1.0)  # the running request's task is younger
+    ctx, on = _head_state(s, advance=1.0)
+    _, off = _head_state(s, advance=0.0)
+    res = ctx.reservation
+    assert res.rid == "h/s2" and 0.0 < res.start_s < float("inf")
+    advance = on.admits[0].task.g * res.start_s  # the head's task, start_s sooner
+    assert on.scores[0] == off.scores[0]  # before the head's admission: no advance
+    assert on.scores[1:] == pytest.approx([v + advance for v in off.scores[1:]])
+    assert on.credit[0] == pytest.approx(off.credit[0] + advance)  # J_revoke would charge it back
+    # and it is what the decision does: without the advance the head waits for the drain
+    assert TopasPolicy(TopasConfig(backfill=1e-9)).decide(s).preempt == ("r/s1",)
+    assert TopasPolicy(TopasConfig(backfill=1e-9, advance=0.0)).decide(s).preempt == ()
+
+
+def test_no_advance_for_making_an_older_task_give_way():
+    s = _head_behind(running_task_arrival=-1.0)  # the running request's task is older
+    _, on = _head_state(s, advance=1.0)
+    _, off = _head_state(s, advance=0.0)
+    assert on.scores == off.scores and on.credit == off.credit

@@ -15,10 +15,20 @@ Two consequences the per-horizon score does not see, each measured on random-sui
   they leave idle) free its KV in `start_s`, and a request that would still be running then
   may only use the KV left over after the head (`extra`). HPC schedulers call this EASY
   backfilling: short work fills the gaps and never delays the head, so nothing starves.
+* **A drain that runs near empty (the head's advance).** Waiting for `start_s` can idle most
+  of the KV: a head that needs the whole budget waits for the longest running request while
+  nothing else may start (60 s at batch 1-2 on a random-suite loop, where LPM runs a batch of
+  3). Preempting the requests in the head's way starts it `start_s` sooner, which one horizon
+  of progress does not see: `head_advance` credits a state that admits the head now with
+  the head task's weight x `start_s` (task-seconds, like every term). Only requests of younger
+  tasks may be preempted for it, and the advance joins the head's admission credit (so
+  J_revoke charges it back): preemptions for a head always go from older to younger tasks and
+  cannot cycle.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -70,6 +80,21 @@ def reserve_head(ctx: Context) -> Reservation | None:
         if free >= need:
             return Reservation(head.rid, head.agent, ctx.remaining(req), free - need)
     return Reservation(head.rid, head.agent, float("inf"), 0)
+
+
+def head_advance(ctx: Context, result: PackResult) -> tuple[int, float] | None:
+    """(index of the head among `result`'s admissions, its advance in task-seconds) when the
+    state starts the reserved head before `start_s` by preempting only younger tasks."""
+    res = ctx.reservation
+    if res is None or res.now or not math.isfinite(res.start_s) or ctx.cfg.advance <= 0.0:
+        return None
+    for i, it in enumerate(result.admits):
+        if it.req.rid == res.rid:
+            age = (it.req.task_arrival_s, it.req.task_id)
+            if any((p.req.task_arrival_s, p.req.task_id) <= age for p in result.preempt):
+                return None  # an older task (or the head's own) would give way: not for the head
+            return i, ctx.cfg.advance * it.task.g * res.start_s
+    return None
 
 
 def delays_head(ctx: Context, item: Item, spare: int) -> bool:

@@ -17,7 +17,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from .context import Context, Item, TaskCtx
-from .occupancy import delays_head, stranded_cost, uses_spare
+from .occupancy import delays_head, head_advance, stranded_cost, uses_spare
 from .terms import j_move
 
 _EPS = 1e-12
@@ -161,7 +161,7 @@ def greedy_pack(ctx: Context, agents: frozenset[str]) -> PackResult | None:
         _reserve(pk, order, lists)
         deferred = _fill(pk, lists, min_kv)
         _zero_gain(pk, deferred, min_kv)
-    return _charge_block(pk)
+    return _charge_commitments(pk)
 
 
 def pack_requests(ctx: Context, agents: frozenset[str], requests: list[Item]) -> PackResult | None:
@@ -173,12 +173,18 @@ def pack_requests(ctx: Context, agents: frozenset[str], requests: list[Item]) ->
     pk = _Packer(ctx, agents, used, [])
     for it in requests:  # not through fits(): the other policy need not honour the head's reservation
         pk.admit(it, max(pk.marginal(it), 0.0))
-    return _charge_block(pk)
+    return _charge_commitments(pk)
 
 
-def _charge_block(pk: _Packer) -> PackResult:
-    """J_block (occupancy.py) is one commitment per state: charged alike to every k >= 1."""
+def _charge_commitments(pk: _Packer) -> PackResult:
+    """J_block (occupancy.py) is one commitment per state: charged alike to every k >= 1. The
+    head's advance (occupancy.py) is credited from its admission on, and joins its credit."""
     result = pk.result
+    advance = head_advance(pk.ctx, result)
+    if advance is not None:
+        i, value = advance
+        result.credit[i] += value
+        result.scores[i + 1:] = [v + value for v in result.scores[i + 1:]]
     if pk.ctx.cfg.block > 0.0:
         cost = stranded_cost(pk.ctx, result, pk.free)
         if cost > 0.0:
