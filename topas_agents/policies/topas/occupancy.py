@@ -22,8 +22,9 @@ Two consequences the per-horizon score does not see, each measured on random-sui
   of progress does not see: `head_advance` credits a state that admits the head now with
   the head task's weight x `start_s` (task-seconds, like every term). Only requests of younger
   tasks may be preempted for it, and the advance joins the head's admission credit (so
-  J_revoke charges it back): preemptions for a head always go from older to younger tasks and
-  cannot cycle.
+  J_revoke charges it back): preemptions for heads always go from older to younger tasks, and
+  a later decision preempts the head only if that is worth more than its advance (without the
+  credit a generated fan-out workflow cycled for ever: tests/test_topas_progress.py).
 """
 
 from __future__ import annotations
