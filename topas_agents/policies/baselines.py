@@ -103,11 +103,17 @@ class LPM(OrderedGreedy):
         return {p.agent: -p.tokens for p in snap.prefixes if p.on_gpu}
 
 
+def task_fcfs_key(r: RequestView) -> tuple[float, float, str]:
+    """Oldest task first, then oldest request (Parrot's order; Topas's EASY head and its
+    work-conserving fallback use the same one)."""
+    return (r.task_arrival_s, r.arrival_s, r.rid)
+
+
 class ParrotFCFS(OrderedGreedy):
     name = "parrot"
 
     def static_key(self, r: RequestView) -> tuple:
-        return (r.task_arrival_s, r.arrival_s, r.rid)
+        return task_fcfs_key(r)
 
 
 class AutellixLAS(OrderedGreedy):

@@ -12,11 +12,8 @@ first, so the fallback cannot starve anyone).
 
 from __future__ import annotations
 
-from ...snapshot import NOOP, Decision, RequestView, Snapshot
-
-
-def _order(r: RequestView) -> tuple[float, float, str]:
-    return (r.task_arrival_s, r.arrival_s, r.rid)
+from ...snapshot import NOOP, Decision, Snapshot
+from ..baselines import task_fcfs_key
 
 
 def work_conserving(snap: Snapshot, decision: Decision) -> Decision:
@@ -25,7 +22,7 @@ def work_conserving(snap: Snapshot, decision: Decision) -> Decision:
         return decision  # something runs after it (a preempt-only decision can empty the GPU)
     gpu = {p.agent: p for p in snap.prefixes if p.on_gpu}
     used = sum(p.tokens for p in gpu.values()) + sum(r.kv_tokens for r in snap.running)
-    for first in sorted(snap.waiting, key=_order):
+    for first in sorted(snap.waiting, key=task_fcfs_key):
         own = first.prefix_tokens if first.agent not in gpu else 0
         evictable = sorted((p for a, p in gpu.items() if a != first.agent and p.location == "gpu" and not p.running),
                            key=lambda p: (p.last_used_s, p.agent))
@@ -40,7 +37,7 @@ def work_conserving(snap: Snapshot, decision: Decision) -> Decision:
             continue  # cannot fit even alone (a loading prefix holds KV): try the next task
         free = -need
         admit = [first.rid]
-        for r in sorted(snap.waiting, key=_order):
+        for r in sorted(snap.waiting, key=task_fcfs_key):
             if r.rid != first.rid and r.agent == first.agent and r.kv_tokens <= free:
                 admit.append(r.rid)
                 free -= r.kv_tokens

@@ -32,6 +32,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..baselines import task_fcfs_key
+
 if TYPE_CHECKING:
     from .context import Context, Item
     from .pack import PackResult
@@ -59,7 +61,7 @@ def reserve_head(ctx: Context) -> Reservation | None:
     snap = ctx.snap
     if not snap.waiting:
         return None
-    head = min(snap.waiting, key=lambda r: (r.task_arrival_s, r.arrival_s, r.rid))
+    head = min(snap.waiting, key=task_fcfs_key)
     mean_request_s = ctx.horizon_s / ctx.cfg.horizon
     if snap.now - head.arrival_s < ctx.cfg.backfill * mean_request_s:
         return None  # not starving yet: Topas's own order stands
