@@ -18,6 +18,7 @@ from topas_agents.cluster.routing import (
     CacheAware,
     CacheAwareSettings,
     CallInfo,
+    GroupPinned,
     agent_demand,
     group_replicas,
     make_router,
@@ -74,6 +75,15 @@ def test_group_sizes_follow_demand():
     assert len(groups["engineer"]) == 2 and set().union(*groups.values()) == {0, 1, 2, 3}
     with pytest.raises(ConfigError):
         make_router("group")
+
+
+def test_group_pinning_by_hand():
+    call = CallInfo("t1", "b", 4096, 512)
+    router = GroupPinned({"a": 1.0, "b": 1.0}, groups={"a": [0], "b": [1, 3]})
+    assert router.route(call, [0, 5, 0, 2]) == 3  # the least-loaded replica of b's own group
+    assert router.route(CallInfo("t1", "z", 1, 1), [4, 3, 1, 2]) == 2  # unpinned: any replica
+    with pytest.raises(ConfigError, match="pinned to replicas"):
+        router.route(call, [0, 0])  # replica 3 does not exist
 
 
 def test_cache_aware_model():

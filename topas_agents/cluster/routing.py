@@ -162,14 +162,22 @@ def group_replicas(demand: Mapping[str, float], replicas: int) -> dict[str, tupl
 class GroupPinned:
     name = "group"
 
-    def __init__(self, demand: Mapping[str, float]) -> None:
+    def __init__(self, demand: Mapping[str, float], groups: Mapping[str, Sequence[int]] | None = None) -> None:
+        """`groups` (agent -> replica indices) pins by hand instead of sizing by `demand`
+        (to measure another allocation; docs/cluster.md)."""
         self._demand = dict(demand)
-        self._groups: dict[str, tuple[int, ...]] | None = None
+        self._groups: dict[str, tuple[int, ...]] | None = (
+            {a: tuple(g) for a, g in groups.items()} if groups is not None else None)
 
     def route(self, call: CallInfo, loads: Sequence[int]) -> int:
         if self._groups is None:
             self._groups = group_replicas(self._demand, len(loads))
         group = self._groups.get(call.agent) or tuple(range(len(loads)))
+        if not all(0 <= i < len(loads) for i in group):
+            from ..errors import ConfigError
+
+            raise ConfigError(f"agent {call.agent!r} is pinned to replicas {list(group)}, "
+                              f"but the cluster has {len(loads)} (0-{len(loads) - 1})")
         return min(group, key=lambda i: (loads[i], i))
 
 
