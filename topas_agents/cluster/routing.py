@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from ..costmodel import Profile
+from ..errors import ConfigError
 from ..workflow import Workflow
 
 RouterName = Literal["task", "agent", "cache", "round-robin", "least-load", "group"]
@@ -174,8 +175,6 @@ class GroupPinned:
             self._groups = group_replicas(self._demand, len(loads))
         group = self._groups.get(call.agent) or tuple(range(len(loads)))
         if not all(0 <= i < len(loads) for i in group):
-            from ..errors import ConfigError
-
             raise ConfigError(f"agent {call.agent!r} is pinned to replicas {list(group)}, "
                               f"but the cluster has {len(loads)} (0-{len(loads) - 1})")
         return min(group, key=lambda i: (loads[i], i))
@@ -185,8 +184,6 @@ def make_router(name: str, settings: CacheAwareSettings | None = None, *,
                 workflows: Sequence[Workflow] = (), profile: Profile | None = None) -> Router:
     if name == "group":
         if profile is None or not workflows:
-            from ..errors import ConfigError
-
             raise ConfigError("the group router needs the workflows and the cost profile")
         return GroupPinned(agent_demand(workflows, profile))
     if name in ("task", "agent"):
@@ -197,6 +194,4 @@ def make_router(name: str, settings: CacheAwareSettings | None = None, *,
         return RoundRobin()
     if name == "least-load":
         return LeastLoad()
-    from ..errors import ConfigError
-
     raise ConfigError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}")
