@@ -11,7 +11,7 @@ valuations and waiting requests' gains are carried across decisions in the polic
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ...snapshot import PrefixView, RequestView, Snapshot, TaskView
 from ...workflow import Workflow
@@ -81,6 +81,18 @@ class TaskCtx:
         return self.g * (self.progress(reds) + alone)
 
 
+class TaskState(NamedTuple):
+    """What a task is valued from in one decision (`Context._task_state`)."""
+
+    view: TaskView | None
+    wf: Workflow | None
+    model: WorkflowModel | None
+    paths: TaskPaths | None  # None: a one-stage task (unlabelled / unknown workflow)
+    done: frozenset[str]
+    g: float  # aging x size weight
+    cached: TaskCtx | None  # the previous valuation, if any (DecisionCaches.tasks)
+
+
 @dataclass(slots=True)
 class Item:
     """A waiting candidate or a running request, with its progress over the horizon."""
@@ -130,6 +142,7 @@ class Context:
     _preempt_cost: dict[str, float] = field(default_factory=dict)
     _shut_out: dict[str, tuple[int, float]] = field(default_factory=dict)  # see occupancy.py
     reservation: Reservation | None = None  # EASY backfilling of the head (occupancy.py)
+    _by_rid: dict[str, RequestView] | None = None  # waiting requests by rid, built on first use
 
     # ------------------------------------------------------------------ costs
     def load(self, agent: str) -> tuple[float, bool]:
@@ -149,26 +162,40 @@ class Context:
 
     def reuse(self, item: Item) -> tuple[tuple[str, float], ...]:
         """V_reuse items of serving `item`: (agent of a released child, saved load x imminence)."""
-        if item.reuse is not None:
-            return item.reuse
-        out: list[tuple[str, float]] = []
-        task, req = item.task, item.req
-        if item.col >= 0:
-            children = released_children(task.wf, req.stage, task.done)
-            if children:
-                support = task.paths.support[req.stage]
-                imm = imminence(support, self.horizon_s)
-                if imm > 0.0:
-                    for child in children:
-                        agent = task.wf.stage(child).agent
-                        # Lookahead only keeps a prefix or swaps it in: a speculative recompute
-                        # would stall the whole batch (prefill runs before decode).
-                        if agent not in self.gpu and (agent not in self.prefix or not self.load(agent)[1]):
-                            continue
-                        tokens = self.tokens.get(agent, task.wf.prefix_tokens(agent))
-                        out.append((agent, task.g * imm * reload_cost(tokens, self.snap.profile)))
-        item.reuse = tuple(out)
+        if item.reuse is None:
+            task = item.task
+            item.reuse = self._reuse_values(task.wf, item.req.stage, task.done, task.paths, task.g) \
+                if item.col >= 0 else ()
         return item.reuse
+
+    def _reuse_values(self, wf: Workflow, stage: str, done: frozenset[str], paths: TaskPaths,
+                      g: float) -> tuple[tuple[str, float], ...]:
+        children = released_children(wf, stage, done)
+        if not children:
+            return ()
+        imm = imminence(paths.support[stage], self.horizon_s)
+        if imm <= 0.0:
+            return ()
+        out: list[tuple[str, float]] = []
+        for child in children:
+            agent = wf.stage(child).agent
+            # Lookahead only keeps a prefix or swaps it in: a speculative recompute would stall
+            # the whole batch (prefill runs before decode).
+            if agent not in self.gpu and (agent not in self.prefix or not self.load(agent)[1]):
+                continue
+            tokens = self.tokens.get(agent, wf.prefix_tokens(agent))
+            out.append((agent, g * imm * reload_cost(tokens, self.snap.profile)))
+        return tuple(out)
+
+    def running_reuse(self, req: RequestView) -> tuple[tuple[str, float], ...]:
+        """`reuse` of a running request. A task not valued yet in this decision is not valued
+        for it: its weight and path matrix suffice (most such tasks are touched only here)."""
+        if req.task_id in self.tasks:
+            return self.reuse(self._running_item(req))
+        state = self._task_state(req)
+        if state.paths is None or req.stage not in state.paths.index:
+            return ()
+        return self._reuse_values(state.wf, req.stage, state.done, state.paths, state.g)
 
     # ------------------------------------------------------------------ running requests
     def running_items(self, agent: str) -> list[Item]:
@@ -182,6 +209,12 @@ class Context:
         task = self.task(req)
         return next(it for it in task.running if it.req.rid == req.rid)
 
+    def waiting_by_rid(self) -> dict[str, RequestView]:
+        """The waiting requests by rid (built once per decision: each rival looks up its admits)."""
+        if self._by_rid is None:
+            self._by_rid = {r.rid: r for r in self.snap.waiting}
+        return self._by_rid
+
     # ------------------------------------------------------------------ candidates
     def candidates(self, agent: str) -> list[Item]:
         """Waiting requests of `agent`, best age-weighted progress per KV token first."""
@@ -191,8 +224,9 @@ class Context:
         items = []
         kv_exp = self.cfg.kv_exp
         cached = self.caches.items
+        valued = self.tasks
         for req in self.waiting.get(agent, ()):
-            task = self.task(req)
+            task = valued.get(req.task_id) or self.task(req)  # inlined hit: the hot loop
             item = cached.get(req.rid)
             if item is not None and item.req is req and item.task is task:
                 item.reuse = None  # its gain is unchanged (same view, same task state)
@@ -206,7 +240,8 @@ class Context:
                         item.gain = task.progress1(item.col, item.delta)
                 else:
                     item.gain = item.delta
-            item.prio = task.g * item.gain / max(1, req.kv_tokens) ** kv_exp
+            # kv_exp 0 (the default): x / 1.0 is x, so the power is skipped (same value)
+            item.prio = task.g * item.gain / max(1, req.kv_tokens) ** kv_exp if kv_exp else task.g * item.gain
             items.append(item)
         items.sort(key=lambda it: (-it.prio, it.req.task_arrival_s, it.req.arrival_s, it.req.rid))
         for i, it in enumerate(items):
@@ -259,21 +294,14 @@ class Context:
         age = self.snap.now - self.oldest.get(agent, self.snap.now)
         return aging(age, self.age_scale_s, max(self.cfg.rho, 1.0)) * min(len(self.waiting.get(agent, ())), _DEMAND_QUEUE_CAP)
 
-    def task(self, req: RequestView) -> TaskCtx:
-        """The task of `req` (valued once per decision). The TaskCtx of the previous decision
-        is carried over, with only its weight refreshed, while its path matrix (same object),
-        the horizon and its running requests' (rid, delta, pinned) are unchanged: its base,
-        running items (their views updated) and its waiting items' gains then still hold."""
-        task = self.tasks.get(req.task_id)
-        if task is not None:
-            return task
+    def _task_state(self, req: RequestView) -> TaskState:
+        """What the task of `req` is valued from (shared by `task` and `running_reuse`)."""
         snap = self.snap
         view = self.views.get(req.task_id)
         arrival = view.arrival_s if view is not None else req.task_arrival_s
         wf = snap.workflows.get(req.workflow) if req.workflow is not None else None
         model = paths = None
         done: frozenset[str] = _EMPTY
-        running = tuple(self.running_by_task.get(req.task_id, ()))
         task = self.caches.tasks.get(req.task_id)
         if wf is not None and wf.has_stage(req.stage):
             done = view.done_stages if view is not None else _EMPTY
@@ -291,6 +319,18 @@ class Context:
         g = aging(snap.now - arrival, self.age_scale_s, self.cfg.rho)
         if self.cfg.size_weight > 0.0:  # SRPT-like: smaller remaining work, larger weight
             g *= (self.age_scale_s / max(work, 1e-3 * self.age_scale_s)) ** self.cfg.size_weight
+        return TaskState(view, wf, model, paths, done, g, task)
+
+    def task(self, req: RequestView) -> TaskCtx:
+        """The task of `req` (valued once per decision). The TaskCtx of the previous decision
+        is carried over, with only its weight refreshed, while its path matrix (same object),
+        the horizon and its running requests' (rid, delta, pinned) are unchanged: its base,
+        running items (their views updated) and its waiting items' gains then still hold."""
+        task = self.tasks.get(req.task_id)
+        if task is not None:
+            return task
+        view, wf, model, paths, done, g, task = self._task_state(req)
+        running = tuple(self.running_by_task.get(req.task_id, ()))
         horizon = self.horizon_s
         running_key = tuple(_running_key(r, min(self.remaining(r), horizon), horizon, wf) for r in running)
         if task is not None and task.paths is paths and task.wf is wf and task.horizon_s == horizon \
@@ -322,8 +362,7 @@ def _running_reuse(ctx: Context) -> None:
     for req in ctx.snap.running:
         if req.workflow is None or ctx.remaining(req) > ctx.horizon_s:
             continue
-        item = ctx._running_item(req)
-        for child, value in ctx.reuse(item):
+        for child, value in ctx.running_reuse(req):
             key = (req.agent, child)
             ctx.reuse_pairs[key] = ctx.reuse_pairs.get(key, 0.0) + value
 

@@ -120,7 +120,8 @@ def _shut_out(ctx: Context, agent: str) -> tuple[int, float]:
     hit = ctx._shut_out.get(agent)
     if hit is None:
         reqs = ctx.waiting.get(agent, ())
-        weights = {r.task_id: ctx.task(r).g for r in reqs}
+        valued = ctx.tasks
+        weights = {r.task_id: (valued.get(r.task_id) or ctx.task(r)).g for r in reqs}
         hit = ctx._shut_out[agent] = (min((r.kv_tokens for r in reqs), default=0), sum(weights.values()))
     return hit
 

@@ -229,7 +229,8 @@ def _fill(pk: _Packer, lists: list[list[Item]], min_kv: int) -> list[Item]:
         if m <= _EPS:
             deferred.append(it)
             continue
-        prio = it.task.g * m / max(1, it.req.kv_tokens) ** pk.ctx.cfg.kv_exp
+        kv_exp = pk.ctx.cfg.kv_exp
+        prio = it.task.g * m / max(1, it.req.kv_tokens) ** kv_exp if kv_exp else it.task.g * m
         if prio < -neg * (1 - 1e-9) - _EPS:  # stale (a sibling was admitted): re-queue
             heapq.heappush(heap, (-prio, order, li, -it.order - 1))
             continue

@@ -167,7 +167,7 @@ def rival_choice(ctx: Context, decision: Decision) -> Choice | None:
     a state: it preempts, admits nothing, names an unknown request, or does not fit."""
     if decision.preempt or not decision.admit:
         return None
-    by_rid = {r.rid: r for group in ctx.waiting.values() for r in group}
+    by_rid = ctx.waiting_by_rid()
     reqs = [by_rid.get(rid) for rid in decision.admit[:ctx.cfg.k_admit]]
     if any(r is None for r in reqs):
         return None
