@@ -55,7 +55,8 @@ $(SGL_VENV)/.installed: pyproject.toml
 	$(SGL_VENV)/bin/pip install -q -e ".[sglang,dev]"
 	touch $@
 
-# Includes real serving on CPU: one SGLang start per module/policy (7 starts). See docs/sglang.md.
+# Includes real serving on CPU: one SGLang start per module/policy, two replicas behind smg and
+# one restart (10 starts). See docs/sglang.md and docs/cluster.md.
 test-sglang: $(SGL_VENV)/.installed
 	$(SGL_VENV)/bin/python -m pytest -q -m sglang -p no:cacheprovider tests/test_sglang_*.py
 

@@ -49,6 +49,33 @@ def test_command_lines():
     assert replica_argv(sg, 1)[-3:] == ("--", "--mem-fraction-static", "0.8")
 
 
+def test_each_replica_gets_its_own_decision_log():
+    c = ClusterConfig(replicas=2, engine="sglang", serve_args=("--decision-log", "run/d.jsonl", "--policy", "topas"))
+    for i in (1, 2):
+        argv = replica_argv(c, i)
+        assert argv[argv.index("--decision-log") + 1] == f"run/d.replica-{i}.jsonl"
+        assert argv[-2:] == ("--policy", "topas")
+    one = replica_argv(ClusterConfig(replicas=1, serve_args=("--decision-log", "run/d.jsonl")), 1)
+    assert one[-1] == "run/d.jsonl"  # a single server keeps the name it was given
+
+
+def test_front_says_what_sglang_replicas_lack():
+    from starlette.testclient import TestClient
+
+    from topas_agents.server.cluster.front import build_front
+
+    with TestClient(build_front(ClusterConfig(replicas=2, engine="sglang"))) as client:
+        for method, path in (("GET", "/v1/topas/stats"), ("GET", "/v1/topas/workflows"),
+                             ("POST", "/v1/topas/workflows"), ("POST", "/v1/topas/tasks/t1/done"),
+                             ("POST", "/v1/topas/tasks/t1/stages/s1/done")):
+            r = client.request(method, path, content=b"name: x")
+            assert r.status_code == 501, (path, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "not_implemented" and "decision log" in err["message"]
+        layout = client.get("/v1/topas/cluster").json()  # answered by the front itself
+        assert layout["engine"] == "sglang" and len(layout["replicas"]) == 2
+
+
 def test_label_lifting_and_route_key():
     body = {"messages": []}
     lab = lift_label(body, {"x-topas-task-id": "t1", "X-Topas-Stage": "s", "X-Topas-Agent": "a"})

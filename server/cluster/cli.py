@@ -16,7 +16,7 @@ _DEFAULT_RESTART = RestartPolicy()
 
 
 def add_replica_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("many replicas (docs/cluster.md; needs the [cluster] extra: smg)")
+    g = p.add_argument_group("many replicas (docs/cluster.md; needs smg: the [cluster] extra, or [sglang] with --engine sglang)")
     g.add_argument("--replicas", type=int, default=1, metavar="N",
                    help="run N replicas on ports PORT+1..PORT+N behind SGLang's gateway (smg), "
                    "with the Topas front on PORT (default 1: one server, no gateway)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from importlib import metadata
+from pathlib import PurePath
 
 from topas_agents.errors import ConfigError
 
@@ -18,7 +19,8 @@ def smg_version() -> str:
     """The installed smg version; ConfigError with the fix when it is missing."""
     if importlib.util.find_spec("smg") is None:
         raise ConfigError("--replicas needs SGLang's gateway `smg`; install it with "
-                          f'`pip install -e ".[cluster]"` (smg=={TESTED_SMG})')
+                          f'`pip install -e ".[cluster]"` (smg=={TESTED_SMG}), or ".[sglang]" for '
+                          "--engine sglang replicas (it includes smg)")
     try:
         return metadata.version("smg")
     except metadata.PackageNotFoundError:
@@ -27,11 +29,24 @@ def smg_version() -> str:
 
 def replica_argv(config: ClusterConfig, i: int) -> tuple[str, ...]:
     """`topas serve` for replica i (1-based), through this interpreter (the same install)."""
+    serve_args = list(config.serve_args)
+    if config.replicas > 1:
+        for k, arg in enumerate(serve_args[:-1]):
+            if arg == "--decision-log":
+                serve_args[k + 1] = replica_log_path(serve_args[k + 1], i)
     argv = [sys.executable, "-m", "topas_agents.server", "--engine", config.engine,
-            "--host", config.host, "--port", str(config.replica_port(i)), *config.serve_args]
+            "--host", config.host, "--port", str(config.replica_port(i)), *serve_args]
     if config.engine_args:
         argv += ["--", *config.engine_args]
     return tuple(argv)
+
+
+def replica_log_path(path: str, i: int) -> str:
+    """Replica i's own decision log: `run/decisions.jsonl` -> `run/decisions.replica-1.jsonl`.
+    One file per replica says which scheduler decided what (a shared file would interleave
+    all of them, told apart only by process ids)."""
+    p = PurePath(path)
+    return str(p.with_name(f"{p.stem}.replica-{i}{p.suffix}")) if p.name else f"{path}.replica-{i}"
 
 
 def replica_env(config: ClusterConfig, i: int) -> dict[str, str]:

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,22 @@ def serve_namespace(policy: str, workflows: list[str], port: int, decision_log: 
                               host="127.0.0.1", port=port, log_level=None, model_path=None)
 
 
+def engine_args(model: Path, kv_tokens: int, extra_args: Sequence[str] = ()) -> list[str]:
+    """SGLang's own arguments for the tiny model (`--device cpu` where there is no CUDA)."""
+    device = [] if has_cuda() else ["--device", "cpu"]
+    return ["--model-path", str(model), "--load-format", "dummy", "--max-total-tokens", str(kv_tokens),
+            "--enable-cache-report", *device, *extra_args]
+
+
+def serving_env(shim: Path) -> dict[str, str]:
+    """What an SGLang server process needs on top of the caller's environment: offline
+    Hugging Face, the entry-point shim, and on CPU the engine switch and the stand-in."""
+    paths = [str(shim)] + ([] if has_cuda() else [str(STAND_IN)])
+    return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH", "")] if p]),
+            **({} if has_cuda() else {"SGLANG_USE_CPU_ENGINE": "1"})}
+
+
 def start_server(tmp: Path, policy: str, *, workflows: list[str], kv_tokens: int,
                  extra_args: list[str] = (), kv_budget: int | None = None,
                  env_extra: dict[str, str] | None = None) -> Server:
@@ -101,15 +117,8 @@ def start_server(tmp: Path, policy: str, *, workflows: list[str], kv_tokens: int
     log.unlink(missing_ok=True)
     args = serve_namespace(policy, workflows, port, str(log), kv_budget)
     config = launch.build_config(args, {})
-    device = [] if has_cuda() else ["--device", "cpu"]
-    cmd = launch.build_command(args, ["--", "--model-path", str(model), "--load-format", "dummy",
-                                      "--max-total-tokens", str(kv_tokens), "--enable-cache-report",
-                                      *device, *extra_args])
-    paths = [str(shim)] + ([] if has_cuda() else [str(STAND_IN)])
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH", "")] if p]),
-           **({} if has_cuda() else {"SGLANG_USE_CPU_ENGINE": "1"}), **(env_extra or {})}
-    env = launch.build_env(config, env)
+    cmd = launch.build_command(args, ["--", *engine_args(model, kv_tokens, extra_args)])
+    env = launch.build_env(config, {**os.environ, **serving_env(shim), **(env_extra or {})})
     output = tmp / f"server-{policy}.log"
     t0 = time.monotonic()
     with open(output, "w") as out:
