@@ -8,7 +8,7 @@ from test_topas_support import req, snap, task
 
 from topas_agents.policies.baselines import LPM
 from topas_agents.policies.topas import TopasConfig, TopasPolicy
-from topas_agents.policies.topas.context import build_context
+from topas_agents.policies.topas.build import build_context
 from topas_agents.policies.topas.guard import work_conserving
 from topas_agents.policies.topas.longest_path import PathEstimator
 from topas_agents.policies.topas.occupancy import delays_head, reserve_head, stranded_cost

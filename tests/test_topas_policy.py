@@ -7,7 +7,7 @@ from test_topas_support import CHAIN3, DAG4, PROFILE, done, req, snap, task, wor
 
 from topas_agents.policies import make_policy
 from topas_agents.policies.topas import TopasConfig, TopasPolicy
-from topas_agents.policies.topas.context import build_context
+from topas_agents.policies.topas.build import build_context
 from topas_agents.policies.topas.longest_path import PathEstimator
 from topas_agents.policies.topas.pack import greedy_pack
 from topas_agents.policies.topas.profiles import ServiceProfiles, prior_scales, prior_service_s

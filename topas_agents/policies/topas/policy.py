@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from ...snapshot import NOOP, Decision, Snapshot
 from ..baselines import LPM, ParrotFCFS
+from .build import build_context
 from .caches import DecisionCaches
 from .config import TopasConfig
-from .context import Context, build_context
+from .context import Context
 from .guard import work_conserving
 from .longest_path import PathEstimator
 from .occupancy import reserve_head
