@@ -100,9 +100,17 @@ class Cluster(NamedTuple):
 
 
 def _records(path: Path, event: str) -> list[dict[str, Any]]:
+    """The log's `event` records; a last line still being written is left for the next read."""
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for k, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if k != len(lines) - 1:
+                raise
     return [r for r in rows if r.get("event") == event]
 
 
