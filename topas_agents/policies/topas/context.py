@@ -81,6 +81,12 @@ class TaskCtx:
         return self.g * (self.progress(reds) + alone)
 
 
+def priority(weight: float, gain: float, kv_tokens: int, kv_exp: float) -> float:
+    """The GreedyPack order: weight x gain / kv_tokens**kv_exp. At kv_exp 0 (the default) the
+    power is skipped: dividing by 1.0 changes nothing, and this runs per candidate."""
+    return weight * gain / max(1, kv_tokens) ** kv_exp if kv_exp else weight * gain
+
+
 class TaskState(NamedTuple):
     """What a task is valued from in one decision (`Context._task_state`)."""
 
@@ -240,8 +246,7 @@ class Context:
                         item.gain = task.progress1(item.col, item.delta)
                 else:
                     item.gain = item.delta
-            # kv_exp 0 (the default): x / 1.0 is x, so the power is skipped (same value)
-            item.prio = task.g * item.gain / max(1, req.kv_tokens) ** kv_exp if kv_exp else task.g * item.gain
+            item.prio = priority(task.g, item.gain, req.kv_tokens, kv_exp)
             items.append(item)
         items.sort(key=lambda it: (-it.prio, it.req.task_arrival_s, it.req.arrival_s, it.req.rid))
         for i, it in enumerate(items):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from .context import Context, Item, TaskCtx
+from .context import Context, Item, TaskCtx, priority
 from .occupancy import delays_head, head_advance, stranded_cost, uses_spare
 from .terms import j_move
 
@@ -229,8 +229,7 @@ def _fill(pk: _Packer, lists: list[list[Item]], min_kv: int) -> list[Item]:
         if m <= _EPS:
             deferred.append(it)
             continue
-        kv_exp = pk.ctx.cfg.kv_exp
-        prio = it.task.g * m / max(1, it.req.kv_tokens) ** kv_exp if kv_exp else it.task.g * m
+        prio = priority(it.task.g, m, it.req.kv_tokens, pk.ctx.cfg.kv_exp)
         if prio < -neg * (1 - 1e-9) - _EPS:  # stale (a sibling was admitted): re-queue
             heapq.heappush(heap, (-prio, order, li, -it.order - 1))
             continue
