@@ -178,11 +178,9 @@ class Front:
                              "route_key_header": ROUTE_KEY_HEADER,
                              "restarts": [e.as_dict() for e in list(self.restart_events)]})
 
-    def engine_without_control_plane(self) -> JSONResponse | None:
+    async def no_control_plane(self, request: Request) -> JSONResponse:
         """SGLang replicas have no `/v1/topas/*` endpoints: answer what to use instead (a fan-out
         would only collect 404s, and an aggregate of none would read as 'no replica up')."""
-        if self.config.engine != "sglang":
-            return None
         return _error(501, "the SGLang replicas have no Topas control plane: workflows are registered "
                       "at start (topas serve --workflow), a task ends when its workflow's stages are "
                       "done or after --task-idle-timeout without calls, and each replica's plugin "
@@ -190,8 +188,6 @@ class Front:
                       "replica, F.replica-<i>.jsonl); see docs/cluster.md", "not_implemented")
 
     async def stats(self, request: Request) -> JSONResponse:
-        if (unsupported := self.engine_without_control_plane()) is not None:
-            return unsupported
         calls = request.query_params.get("calls")
         suffix = f"?calls={calls}" if calls is not None else ""
         answers = await self.fan_out(request, "GET", "/v1/topas/stats" + suffix)
@@ -206,8 +202,6 @@ class Front:
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def list_workflows(self, request: Request) -> JSONResponse:
-        if (unsupported := self.engine_without_control_plane()) is not None:
-            return unsupported
         answers = await self.fan_out(request, "GET", "/v1/topas/workflows")
         names = sorted({n for a in answers if a.ok and isinstance(a.body, Mapping)
                         for n in a.body.get("workflows", [])})
@@ -216,8 +210,6 @@ class Front:
             for a in answers]})
 
     async def add_workflow(self, request: Request) -> JSONResponse:
-        if (unsupported := self.engine_without_control_plane()) is not None:
-            return unsupported
         raw = await request.body()
         status, body = pick_registration_answer(await self.fan_out(request, "POST", "/v1/topas/workflows", raw))
         if status in (200, 201):
@@ -226,8 +218,6 @@ class Front:
         return JSONResponse(body, status_code=status)
 
     async def done(self, request: Request) -> JSONResponse:
-        if (unsupported := self.engine_without_control_plane()) is not None:
-            return unsupported
         raw_path = request.scope.get("raw_path")  # keeps a task id's percent-escapes as sent
         path = raw_path.decode("latin-1") if raw_path else request.url.path
         status, body = pick_owner_answer(await self.fan_out(request, "POST", path))
@@ -260,11 +250,18 @@ def build_front(config: ClusterConfig) -> Starlette:
         Route("/health", front.health, methods=["GET"]),
         Route("/metrics", front.metrics, methods=["GET"]),
         Route("/v1/topas/cluster", front.layout, methods=["GET"]),
-        Route("/v1/topas/stats", front.stats, methods=["GET"]),
-        Route("/v1/topas/workflows", front.list_workflows, methods=["GET"]),
-        Route("/v1/topas/workflows", front.add_workflow, methods=["POST"]),
-        Route("/v1/topas/tasks/{task_id}/done", front.done, methods=["POST"]),
-        Route("/v1/topas/tasks/{task_id}/stages/{stage}/done", front.done, methods=["POST"]),
+    ]
+    # the replicas' control plane, fanned out; SGLang replicas have none (no_control_plane)
+    replica_control = config.engine != "sglang"
+    routes += [
+        Route(path, handler if replica_control else front.no_control_plane, methods=[method])
+        for path, handler, method in (
+            ("/v1/topas/stats", front.stats, "GET"),
+            ("/v1/topas/workflows", front.list_workflows, "GET"),
+            ("/v1/topas/workflows", front.add_workflow, "POST"),
+            ("/v1/topas/tasks/{task_id}/done", front.done, "POST"),
+            ("/v1/topas/tasks/{task_id}/stages/{stage}/done", front.done, "POST"),
+        )
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.front = front
