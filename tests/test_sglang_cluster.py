@@ -14,12 +14,9 @@ supervisor brings it back into smg's rotation.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -46,22 +43,6 @@ STAGES = (("s1", "a"), ("s2", "b"), ("s3", "c"))
 STARTUP_TIMEOUT_S = 2 * serving.STARTUP_TIMEOUT_S
 
 
-@contextlib.contextmanager
-def _environ(extra: dict[str, str]) -> Iterator[None]:
-    """`extra` in os.environ while the cluster lives: the launcher and its supervisor start
-    every replica (and every restart) with the current environment."""
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from topas_agents.server.cluster.launcher import free_base_port, run_replicas
@@ -72,7 +53,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
     shim = launch.write_entry_point_shim(tmp / "shim")
     wf = serving.write_workflow(tmp)
     t0 = time.monotonic()
-    with _environ(serving.serving_env(shim)):
+    # in os.environ while the cluster lives: the launcher and its supervisor start every
+    # replica (and every restart) with the current environment
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in serving.serving_env(shim).items():
+            env.setenv(key, value)
         handle = run_replicas(REPLICAS, port=free_base_port(REPLICAS + 3), engine="sglang",
                               serve_args=("--policy", "topas", "--workflow", str(wf),
                                           "--decision-log", str(tmp / "decisions.jsonl")),
