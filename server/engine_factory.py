@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from ..costmodel import load_profile
 from ..engine import Engine, EngineRequest, RequestFactory
-from ..policies import make_policy
+from ..policies import make_live_policy
 from ..workflow import Workflow
 from .config import ServerConfig
 
@@ -21,7 +21,7 @@ def sim_engine_factory(config: ServerConfig,
     from topas_agents.sim import SimEngine
 
     profile = load_profile(config.profile)
-    policy = make_policy(config.policy, dict(config.policy_options))
+    policy = make_live_policy(config.policy, dict(config.policy_options))
     engine = SimEngine(profile, policy, kv_budget=config.kv_budget, workflows=workflows,
                        max_jump_s=config.max_jump_s)
     return engine, EngineRequest

@@ -33,7 +33,7 @@ from typing import Any
 from ...costmodel import Profile, load_profile
 from ...errors import LabelError
 from ...labels import Label
-from ...policies import Policy, make_policy
+from ...policies import Policy, make_live_policy
 from ...snapshot import Decision, Snapshot, check_decision
 from ...workflow import load_workflow
 from . import apply, labels_http
@@ -62,7 +62,7 @@ class Adapter:
     def __init__(self, config: PluginConfig, *, policy: Policy | None = None, profile: Profile | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
-        self.policy = policy if policy is not None else make_policy(config.policy, config.policy_options)
+        self.policy = policy if policy is not None else make_live_policy(config.policy, config.policy_options)
         self.profile = profile if profile is not None else load_profile(config.profile)
         self.workflows = MappingProxyType({wf.name: wf for wf in map(load_workflow, config.workflows)})
         self._clock = clock

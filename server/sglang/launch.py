@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ...costmodel import DEFAULT_PROFILE, load_profile
 from ...errors import ConfigError
-from ...policies import make_policy
+from ...policies import make_live_policy
 from ...workflow import load_workflow
 from .config import ENV, PluginConfig
 
@@ -53,7 +53,7 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None)
         decision_log=getattr(args, "decision_log", None) or env.get(ENV["decision_log"]) or None,
         task_idle_s=float(getattr(args, "task_idle_timeout", 300.0)),
     )
-    make_policy(config.policy, config.policy_options)
+    make_live_policy(config.policy, config.policy_options)
     load_profile(config.profile)
     for wf in config.workflows:
         load_workflow(wf)

@@ -42,12 +42,18 @@ _REGISTRY: dict[str, str] = {
     "topas-paper-noreuse": "topas_agents.policies.topas:make_topas_paper_noreuse",
     "topas-paper-noaging": "topas_agents.policies.topas:make_topas_paper_noaging",
     "topas-paper-tuned": "topas_agents.policies.topas:make_topas_paper_tuned",
+    "topas-guard": "topas_agents.policies.forecast:make_topas_guard",
 }
 
 # The paper's five baselines (section V-A): "the best baseline" of every comparison is one of these.
 BASELINES: tuple[str, ...] = ("fcfs", "lpm", "parrot", "las", "spf")
 # Published peers we also run and report, outside the paper's comparison set.
 PEERS: tuple[str, ...] = ("lpm-gated", "kvflow")
+
+
+# Options a live engine forces on a policy: the forecast guard's inline forecasts run for
+# seconds inside decide(), free on a simulated clock, a stalled serving loop on a live engine.
+LIVE_OPTIONS: dict[str, dict[str, str]] = {"topas-guard": {"forecast_mode": "background"}}
 
 
 def available_policies() -> tuple[str, ...]:
@@ -68,3 +74,15 @@ def make_policy(name: str, options: Mapping[str, Any] | None = None) -> Policy:
     module, attr = _REGISTRY[name].split(":")
     factory = getattr(importlib.import_module(module), attr)
     return factory(**dict(options or {}))
+
+
+def make_live_policy(name: str, options: Mapping[str, Any] | None = None) -> Policy:
+    """`make_policy` for an engine that serves live traffic (`LIVE_OPTIONS` applied; giving
+    one of them another value is an error, not a silent override)."""
+    merged = dict(options or {})
+    for key, value in LIVE_OPTIONS.get(name, {}).items():
+        if str(merged.get(key, value)) != value:
+            raise ConfigError(f"policy '{name}' on a live engine needs {key}={value} "
+                              f"(got {merged[key]!r}: it would stall the serving loop)")
+        merged[key] = value
+    return make_policy(name, merged)

@@ -1,0 +1,136 @@
+"""The forecast guard (policies/forecast.py): options, rate estimates, forecast traces, the
+switching rule, and that it is Topas, decision for decision, while no forecast says otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from topas_agents.costmodel import load_profile
+from topas_agents.errors import ConfigError
+from topas_agents.policies import forecast as fc
+from topas_agents.policies import make_live_policy, make_policy
+from topas_agents.sim.driver import make_trace, simulate
+from topas_agents.workflow import load_workflow as builtin_workflow
+
+PROFILE = load_profile("a100-80g-qwen2.5-32b")
+
+
+def test_options_are_validated_and_split():
+    guard = make_policy("topas-guard", {"forecast_margin": "0.1", "forecast_seeds": "5,6", "beta": "0.5"})
+    assert guard.config.margin == 0.1 and guard.config.seeds == (5, 6)
+    assert guard.topas.config.beta == 0.5  # the rest goes to Topas
+    with pytest.raises(ConfigError, match="forecast margin"):
+        make_policy("topas-guard", {"forecast_margin": "1.5"})
+    with pytest.raises(ConfigError, match="forecast option 'tasks'"):
+        make_policy("topas-guard", {"forecast_tasks": "many"})
+    with pytest.raises(ConfigError, match="unknown policy 'nope'"):
+        make_policy("topas-guard", {"forecast_candidates": "lpm,nope"})
+    with pytest.raises(ConfigError, match="unknown topas option"):
+        make_policy("topas-guard", {"bogus": "1"})
+
+
+def test_live_engines_forecast_in_the_background():
+    assert make_live_policy("topas-guard").config.mode == "background"
+    assert make_policy("topas-guard").config.mode == "inline"  # benches stay deterministic
+    with pytest.raises(ConfigError, match="needs forecast_mode=background"):
+        make_live_policy("topas-guard", {"forecast_mode": "inline"})
+    assert make_live_policy("lpm").name == "lpm"
+
+
+def test_trace_rates_spread_over_the_rate_estimate():
+    rates = {"w": fc.Rate(0.5, 16)}
+    cfg = fc.ForecastConfig(seeds=(0, 1, 2, 3))
+    got = [fc.trace_rates(rates, i, cfg)["w"] for i in range(4)]
+    assert got == sorted(got) and got[0] < 0.5 < got[-1]
+    assert got[0] * got[-1] == pytest.approx(0.25) and got[1] * got[2] == pytest.approx(0.25)  # symmetric in log
+    # z = 1.15 at (3 + 0.5) / 4; relative error 1 / sqrt(16)
+    assert got[-1] == pytest.approx(0.5 * 2.718281828 ** (1.1503 / 4), rel=1e-3)
+    flat = fc.ForecastConfig(seeds=(0, 1), spread=0.0)
+    assert [fc.trace_rates(rates, i, flat)["w"] for i in range(2)] == [0.5, 0.5]
+
+
+def test_forecast_trace_splits_tasks_by_rate():
+    a, b = builtin_workflow("chain3"), builtin_workflow("dag4")
+    trace = fc.forecast_trace({"chain3": a, "dag4": b}, {"chain3": 0.3, "dag4": 0.1}, 40, seed=7)
+    names = [p.workflow.name for p in trace]
+    assert names.count("chain3") == 30 and names.count("dag4") == 10
+    assert [p.arrival_s for p in trace] == sorted(p.arrival_s for p in trace)
+    assert len({p.task_id for p in trace}) == 40
+
+
+def _run(policy, load_rate=0.05, tasks=20, seed=3):
+    wf = builtin_workflow("chain3")
+    return simulate(make_trace(wf, tasks, load_rate, seed), policy, PROFILE)
+
+
+def test_arrivals_checkpoints_double_and_rates_are_estimated(monkeypatch):
+    seen = []
+
+    def fake_scores(job):
+        seen.append((sorted(job.workflows), dict(job.rates)))
+        return {p: 1.0 for p in job.policies}
+
+    monkeypatch.setattr(fc, "run_forecast", fake_scores)
+    guard = make_policy("topas-guard")
+    _run(guard, tasks=20)
+    assert [f.arrivals for f in guard.history] == [8, 16]  # first = 8, growth 2, 20 tasks
+    assert all(f.chosen == "topas" for f in guard.history)  # ties never switch
+    (names, rates) = seen[0]
+    assert names == ["chain3"] and rates["chain3"].gaps == 7 and rates["chain3"].per_s > 0
+
+
+def test_switch_needs_the_margin_and_is_reversible(monkeypatch):
+    script = iter([{"lpm": 0.98}, {"lpm": 0.9}, {"lpm": 1.2}])  # per checkpoint, vs topas 1.0
+
+    def fake_scores(job):
+        return {p: 1.0 for p in job.policies} | next(script)
+
+    monkeypatch.setattr(fc, "run_forecast", fake_scores)
+    guard = make_policy("topas-guard", {"forecast_first": "4"})
+    _run(guard, tasks=16)
+    # 0.98 is inside the 3% margin: stay; 0.9 switches to LPM; then Topas at 1.0 < 1.2 x 0.97
+    assert [f.chosen for f in guard.history] == ["topas", "lpm", "topas"]
+    assert guard.active is guard.topas
+
+
+def test_guard_is_topas_while_topas_is_chosen(monkeypatch):
+    monkeypatch.setattr(fc, "run_forecast", lambda job: {p: 1.0 for p in job.policies})
+    plain = _run(make_policy("topas"), load_rate=0.08)
+    guarded = _run(make_policy("topas-guard"), load_rate=0.08)
+    assert [t.jct_s for t in guarded.tasks] == [t.jct_s for t in plain.tasks]
+
+
+def test_forecast_scores_rank_simulated_schedules():
+    """Real forecasts: Topas scores 1 by construction and every candidate gets a finite score."""
+    guard = make_policy("topas-guard", {"forecast_seeds": "0", "forecast_tasks": "8",
+                                        "forecast_candidates": "lpm,fcfs"})
+    run = _run(guard, load_rate=0.08, tasks=12)
+    assert len(run.tasks) == 12
+    (first, *_) = guard.history
+    assert first.scores["topas"] == 1.0 and set(first.scores) == {"topas", "lpm", "fcfs"}
+    assert all(0.0 < v < float("inf") for v in first.scores.values())
+    assert guard.active_name == guard.history[-1].chosen
+
+
+def test_background_forecast_lands_at_a_later_decision():
+    """A real worker process: the run goes on while it simulates; its scores apply later."""
+    guard = make_policy("topas-guard", {"forecast_mode": "background", "forecast_seeds": "0",
+                                        "forecast_tasks": "6", "forecast_candidates": "lpm"})
+    run = _run(guard, load_rate=0.08, tasks=10)
+    assert len(run.tasks) == 10 and guard.errors == []
+    guard.wait(timeout_s=120)
+    assert guard._pending is not None and guard._pending.done()
+    _run(guard, load_rate=0.08, tasks=1, seed=4)  # the next decision applies it
+    (landed,) = guard.history
+    # submitted at the 8th arrival (7 gaps); the second run's task ids were seen already
+    assert landed.rates["chain3"].gaps == 7 and landed.arrivals == 10
+    assert set(landed.scores) == {"topas", "lpm"} and landed.scores["topas"] == 1.0
+
+
+def test_serve_rejects_an_inline_guard_with_one_line(capsys):
+    from topas_agents.cli import main
+
+    assert main(["serve", "--engine", "sim", "--policy", "topas-guard", "--policy-opt", "forecast_mode=inline",
+                 "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "needs forecast_mode=background" in err and err.count("\n") == 1

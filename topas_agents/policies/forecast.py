@@ -1,0 +1,299 @@
+"""The forecast guard: run Topas, unless the cost model predicts that a stock policy serves
+the observed workload faster; then run that policy instead, until a later forecast says
+otherwise.
+
+Topas values one decision at a time with a horizon of about one request's service. Some
+workflows reward what no single decision can see (LPM serving one large prefix's queue out
+over many decisions, for instance), and there Topas can lose to a stock policy. The guard
+scores whole schedules instead of states: at checkpoints it simulates the observed workload
+(each labelled workflow at its observed arrival rate, on the snapshot's profile, KV budget
+and host tier) under Topas and under every candidate policy, on a few synthetic traces, and
+keeps the policy with the lowest predicted JCT (mean and p99, each relative to Topas). This
+is the issue's "score the best baseline with the same model and keep it when it wins",
+applied to schedules: the simulator is the same cost model Topas's own terms come from.
+
+What it trusts: the profile (`topas calibrate`) and that the arrival process is Poisson and
+stationary over the estimation window. It learns only from the snapshots (task arrivals of
+labelled workflows); unlabelled traffic is not forecast (the guard then keeps Topas). A
+forecast costs seconds of CPU: in the simulator it runs inline (its clock does not see CPU
+time, so runs stay deterministic); live engines (`topas serve`, the SGLang plugin) build the
+policy with `forecast_mode=background`, a worker process whose result applies at the first
+decision after it is ready.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import weakref
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field, replace
+from statistics import NormalDist
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+from ..costmodel import Profile
+from ..errors import ConfigError, TopasError
+from ..snapshot import Decision, Snapshot
+from ..workflow import TaskPlan, Workflow
+from . import BASELINES, LIVE_OPTIONS, Policy, make_policy
+
+
+@dataclass(frozen=True, slots=True)
+class ForecastConfig:
+    """candidates  the policies the guard may switch to (Topas is always one).
+    first        the first forecast once this many labelled tasks have arrived (a rate from
+                 fewer gaps is too noisy to rank policies by).
+    growth       each later forecast after growth x as many arrivals: the estimate firms up
+                 while the forecasts' cost stays logarithmic in the run's length.
+    window       arrivals per workflow the rate is estimated from (follows load shifts).
+    tasks        tasks per simulated trace (a 60-task bench run is the unit it predicts).
+    seeds        synthetic traces per forecast; their scores are averaged.
+    margin       another policy replaces the running one only when its score is lower by
+                 this fraction (hysteresis: a tie never switches, noise rarely does).
+    spread       rate uncertainty: trace i runs at rate x exp(spread x z_i / sqrt(gaps)),
+                 z_i the normal quantiles at (i + 0.5) / len(seeds); a rate estimated from k
+                 gaps has a relative error of about 1/sqrt(k), and which policy wins can hinge
+                 on the load, so the scores average over the plausible loads (0: the point
+                 estimate for every trace).
+    mode         "inline": a checkpoint simulates inside `decide` (deterministic; for the
+                 simulator, whose clock does not see CPU time); "background": one worker
+                 process simulates while the engine keeps serving, and the result applies
+                 at the first decision after it is ready (live engines: a forecast takes
+                 seconds of CPU, which inline would take from the serving loop).
+    """
+
+    candidates: tuple[str, ...] = BASELINES
+    first: int = 8
+    growth: float = 2.0
+    window: int = 64
+    tasks: int = 60
+    seeds: tuple[int, ...] = (0, 1, 2, 3)
+    margin: float = 0.03
+    spread: float = 1.0
+    mode: ForecastMode = "inline"
+
+    def __post_init__(self) -> None:
+        if self.first < 3:
+            raise ConfigError(f"forecast first must be >= 3 arrivals, got {self.first}")
+        if self.growth <= 1.0:
+            raise ConfigError(f"forecast growth must be > 1, got {self.growth}")
+        if self.window < 3 or self.tasks < 2 or not self.seeds:
+            raise ConfigError("forecast window >= 3, tasks >= 2 and at least one seed are required")
+        if self.mode not in ("inline", "background"):
+            raise ConfigError(f"forecast mode must be inline or background, got {self.mode!r}")
+        if not 0.0 <= self.margin < 1.0:
+            raise ConfigError(f"forecast margin must be in [0, 1), got {self.margin}")
+
+
+ForecastMode = Literal["inline", "background"]
+
+
+class Rate(NamedTuple):
+    """An arrival rate (tasks/s) and the number of gaps it was estimated from."""
+
+    per_s: float
+    gaps: int
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """One checkpoint: when, the rates it assumed, each policy's score, what runs after it."""
+
+    at_s: float
+    arrivals: int
+    rates: Mapping[str, Rate]
+    scores: Mapping[str, float]
+    chosen: str
+
+
+@dataclass(slots=True)
+class _Arrivals:
+    """Task arrivals seen in snapshots, per labelled workflow."""
+
+    seen: set[str] = field(default_factory=set)
+    times: dict[str, deque[float]] = field(default_factory=dict)
+    count: int = 0
+
+    def observe(self, snap: Snapshot, window: int) -> None:
+        for t in snap.tasks:
+            if t.task_id in self.seen or t.workflow is None or t.workflow not in snap.workflows:
+                continue
+            self.seen.add(t.task_id)
+            self.times.setdefault(t.workflow, deque(maxlen=window)).append(t.arrival_s)
+            self.count += 1
+
+    def rates(self) -> dict[str, Rate]:
+        """Tasks/s per workflow over its window (workflows with fewer than two arrivals, or
+        all at one instant, have no rate yet)."""
+        out = {}
+        for wf, times in self.times.items():
+            ts = sorted(times)
+            if len(ts) >= 2 and ts[-1] > ts[0]:
+                out[wf] = Rate((len(ts) - 1) / (ts[-1] - ts[0]), len(ts) - 1)
+        return out
+
+
+class ForecastGuard:
+    """Topas behind the forecast guard (module docstring)."""
+
+    def __init__(self, topas_name: str = "topas", topas_options: Mapping[str, Any] | None = None,
+                 config: ForecastConfig | None = None, name: str = "topas-guard") -> None:
+        self.name = name
+        self.config = config or ForecastConfig()
+        for candidate in self.config.candidates:  # fail now, not at the first checkpoint
+            if candidate in LIVE_OPTIONS or candidate == topas_name:
+                raise ConfigError(f"forecast candidate '{candidate}' cannot be a guarded or the guarded policy")
+            make_policy(candidate)
+        self._topas_name = topas_name
+        self._topas_options = dict(topas_options or {})
+        self.topas = make_policy(topas_name, self._topas_options)
+        self.active: Policy = self.topas
+        self.active_name = topas_name
+        self.history: list[Forecast] = []
+        self._arrivals = _Arrivals()
+        self._next = self.config.first
+        self.errors: list[str] = []  # background forecasts that failed (the policy ran on)
+        self._pool: ProcessPoolExecutor | None = None
+        self._pending: Future[dict[str, float]] | None = None
+        self._pending_job: ForecastJob | None = None
+
+    def decide(self, snap: Snapshot) -> Decision:
+        self._arrivals.observe(snap, self.config.window)
+        if self._pending is not None and self._pending.done():
+            self._apply(self._pending, snap.now)
+        if self._arrivals.count >= self._next:
+            self._next = max(self._next + 1, int(self._next * self.config.growth))
+            self._checkpoint(snap)
+        if self.active is not self.topas:
+            self.topas.profiles.observe(snap.events)  # Topas keeps learning while it waits
+        return self.active.decide(snap)
+
+    def _checkpoint(self, snap: Snapshot) -> None:
+        rates = self._arrivals.rates()
+        if not rates or self._pending is not None:  # a background forecast still runs: let it land
+            return
+        job = ForecastJob({name: snap.workflows[name] for name in rates}, rates, snap.profile, snap.kv_budget,
+                          (self._topas_name, *self.config.candidates), self._topas_options, self.config)
+        if self.config.mode == "inline":
+            self._choose(job, run_forecast(job), snap.now)
+            return
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+        self._pending = self._pool.submit(run_forecast, job)
+        self._pending_job = job
+
+    def _apply(self, future: Future[dict[str, float]], now: float) -> None:
+        job, self._pending, self._pending_job = self._pending_job, None, None
+        try:
+            scores = future.result()
+        except Exception as exc:  # noqa: BLE001 - a failed forecast keeps the running policy
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            return
+        assert job is not None
+        self._choose(job, scores, now)
+
+    def _choose(self, job: ForecastJob, scores: Mapping[str, float], now: float) -> None:
+        incumbent = scores.get(self.active_name, 1.0)
+        best = min(scores, key=lambda p: (scores[p], p != self._topas_name, p))
+        if best != self.active_name and scores[best] < incumbent * (1.0 - self.config.margin):
+            self.active = self.topas if best == self._topas_name else make_policy(best)
+            self.active_name = best
+        self.history.append(Forecast(now, self._arrivals.count, job.rates, dict(scores), self.active_name))
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Block until a background forecast in flight has landed (tests, shutdown)."""
+        if self._pending is not None:
+            wait_futures([self._pending], timeout=timeout_s)
+
+
+def forecast_trace(workflows: Mapping[str, Workflow], rates: Mapping[str, float], tasks: int,
+                   seed: int) -> tuple[TaskPlan, ...]:
+    """`tasks` tasks in all, split across workflows by rate, each workflow Poisson at its rate
+    (tasks/s), merged in arrival order (ids stay unique: they carry the workflow's name)."""
+    from ..sim.driver import make_trace
+
+    total = sum(rates.values())
+    plans: list[TaskPlan] = []
+    for name, wf in sorted(workflows.items()):
+        n = max(1, round(tasks * rates[name] / total))
+        plans += make_trace(wf, n, rates[name], seed)
+    return tuple(sorted(plans, key=lambda p: (p.arrival_s, p.task_id)))
+
+
+def trace_rates(rates: Mapping[str, Rate], i: int, config: ForecastConfig) -> dict[str, float]:
+    """The rates trace `i` runs at (ForecastConfig.spread)."""
+    z = NormalDist().inv_cdf((i + 0.5) / len(config.seeds))
+    return {name: r.per_s * float(np.exp(config.spread * z / np.sqrt(r.gaps))) for name, r in rates.items()}
+
+
+class ForecastJob(NamedTuple):
+    """What one forecast simulates (picklable: background forecasts run in a worker process)."""
+
+    workflows: Mapping[str, Workflow]
+    rates: Mapping[str, Rate]
+    profile: Profile
+    kv_budget: int
+    policies: tuple[str, ...]  # Topas first: the scores are relative to it
+    topas_options: Mapping[str, Any]
+    config: ForecastConfig
+
+
+def run_forecast(job: ForecastJob) -> dict[str, float]:
+    """Each policy's predicted JCT relative to the first (Topas): per trace the mean of
+    mean-JCT and p99-JCT ratios, averaged over the traces. A policy whose simulation fails
+    scores infinity (never chosen); a trace on which Topas fails is scored relative to its
+    best run. A trace on which every policy fails scores nothing finite (infinities and NaN)."""
+    from ..sim.driver import simulate
+
+    workflows, rates, profile, config, policies = job.workflows, job.rates, job.profile, job.config, job.policies
+    topas_options = job.topas_options
+    ratios: dict[str, list[float]] = {p: [] for p in policies}
+    for i, seed in enumerate(config.seeds):
+        trace = forecast_trace(workflows, trace_rates(rates, i, config), config.tasks, seed)
+        runs: dict[str, tuple[float, float]] = {}
+        for name in policies:
+            options = topas_options if name == policies[0] else None
+            try:
+                run = simulate(trace, make_policy(name, options), profile, kv_budget=job.kv_budget,
+                               host_tier=profile.host_tier)
+            except TopasError:
+                runs[name] = (np.inf, np.inf)
+                continue
+            runs[name] = (run.mean_jct, run.p99_jct)
+        ref_mean, ref_p99 = runs[policies[0]]
+        if not np.isfinite(ref_mean):  # Topas failed here: relative to the best run instead
+            ref_mean = min(m for m, _ in runs.values())
+            ref_p99 = min(p for _, p in runs.values())
+        for name, (mean, p99) in runs.items():
+            ratios[name].append(0.5 * (mean / ref_mean + p99 / ref_p99))
+    return {name: float(np.mean(v)) for name, v in ratios.items()}
+
+
+def make_topas_guard(**options: Any) -> ForecastGuard:
+    """`topas` behind the forecast guard. Options: `forecast_<field>` sets a ForecastConfig
+    field (`forecast_margin=0.05`, `forecast_tasks=60`); the rest go to Topas."""
+    fields = {f for f in ForecastConfig.__dataclass_fields__}
+    guard: dict[str, Any] = {}
+    topas: dict[str, Any] = {}
+    for key, value in options.items():
+        if key.startswith("forecast_") and key[9:] in fields:
+            guard[key[9:]] = _convert(key[9:], value)
+        else:
+            topas[key] = value
+    return ForecastGuard("topas", topas, replace(ForecastConfig(), **guard))
+
+
+def _convert(field_name: str, value: Any) -> Any:
+    default = getattr(ForecastConfig(), field_name)
+    try:
+        if isinstance(default, tuple):
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(type(default[0])(x) for x in items if str(x).strip())
+        return type(default)(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"bad value for forecast option '{field_name}': {value!r}") from None
