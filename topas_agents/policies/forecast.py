@@ -23,6 +23,7 @@ decision after it is ready.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import weakref
 from collections import deque
@@ -40,6 +41,8 @@ from ..errors import ConfigError, TopasError
 from ..snapshot import Decision, Snapshot
 from ..workflow import TaskPlan, Workflow
 from . import BASELINES, LIVE_OPTIONS, Policy, make_policy
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +196,7 @@ class ForecastGuard:
             scores = future.result()
         except Exception as exc:  # noqa: BLE001 - a failed forecast keeps the running policy
             self.errors.append(f"{type(exc).__name__}: {exc}")
+            logger.warning("topas-guard: forecast failed (%s); %s keeps running", self.errors[-1], self.active_name)
             return
         assert job is not None
         self._choose(job, scores, now)
@@ -204,6 +208,8 @@ class ForecastGuard:
             self.active = self.topas if best == self._topas_name else make_policy(best)
             self.active_name = best
         self.history.append(Forecast(now, self._arrivals.count, job.rates, dict(scores), self.active_name))
+        logger.info("topas-guard: forecast at %d arrivals: %s; running %s", self._arrivals.count,
+                    ", ".join(f"{p} {v:.3f}" for p, v in scores.items()), self.active_name)
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until a background forecast in flight has landed (tests, shutdown)."""
