@@ -122,8 +122,9 @@ def test_background_forecast_lands_at_a_later_decision():
     assert guard._pending is not None and guard._pending.done()
     _run(guard, load_rate=0.08, tasks=1, seed=4)  # the next decision applies it
     (landed,) = guard.history
-    # submitted at the 8th arrival (7 gaps); the second run's task ids were seen already
-    assert landed.rates["chain3"].gaps == 7 and landed.arrivals == 10
+    # submitted at the 8th arrival (7 gaps); applied at the second run's first decision, whose
+    # task (an id of the first run, no longer live) is an 11th arrival
+    assert landed.rates["chain3"].gaps == 7 and landed.arrivals == 11
     assert set(landed.scores) == {"topas", "lpm"} and landed.scores["topas"] == 1.0
 
 

@@ -115,19 +115,23 @@ class Forecast:
 
 @dataclass(slots=True)
 class _Arrivals:
-    """Task arrivals seen in snapshots, per labelled workflow."""
+    """Task arrivals seen in snapshots, per labelled workflow. A task counts once, when it
+    first appears; only the last snapshot's task ids are kept (a live server sees millions)."""
 
-    seen: set[str] = field(default_factory=set)
+    live: frozenset[str] = frozenset()
     times: dict[str, deque[float]] = field(default_factory=dict)
     count: int = 0
 
     def observe(self, snap: Snapshot, window: int) -> None:
+        now = frozenset(t.task_id for t in snap.tasks)
+        if now == self.live:
+            return
         for t in snap.tasks:
-            if t.task_id in self.seen or t.workflow is None or t.workflow not in snap.workflows:
+            if t.task_id in self.live or t.workflow is None or t.workflow not in snap.workflows:
                 continue
-            self.seen.add(t.task_id)
             self.times.setdefault(t.workflow, deque(maxlen=window)).append(t.arrival_s)
             self.count += 1
+        self.live = now
 
     def rates(self) -> dict[str, Rate]:
         """Tasks/s per workflow over its window (workflows with fewer than two arrivals, or
