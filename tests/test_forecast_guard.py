@@ -112,6 +112,30 @@ def test_forecast_scores_rank_simulated_schedules():
     assert guard.active_name == guard.history[-1].chosen
 
 
+def test_scores_combined_and_regret_on_hand_computed_runs():
+    """Two traces; topas, lpm (best mean) and parrot (best p99) trade mean for p99.
+    combined: per trace the mean of the two ratios to topas, averaged over traces.
+    regret: each metric's ratio to the best candidate (lpm, parrot), averaged over traces,
+    then the larger of the two."""
+    inf = float("inf")
+    runs = [{"topas": (100.0, 200.0), "lpm": (90.0, 240.0), "parrot": (110.0, 180.0)},
+            {"topas": (100.0, 200.0), "lpm": (80.0, 220.0), "parrot": (inf, inf)}]
+    combined = fc._combined_scores(runs, "topas")
+    assert combined["topas"] == 1.0
+    assert combined["lpm"] == pytest.approx(((0.9 + 1.2) / 2 + (0.8 + 1.1) / 2) / 2)
+    assert combined["parrot"] == inf
+    regret = fc._regret_scores(runs, ("lpm", "parrot"))
+    # trace 1: best mean 90 (lpm), best p99 180 (parrot); trace 2: 80 and 220 (lpm; parrot failed).
+    assert regret["topas"] == pytest.approx(max((100 / 90 + 100 / 80) / 2, (200 / 180 + 200 / 220) / 2))
+    assert regret["lpm"] == pytest.approx(max(1.0, (240 / 180 + 1.0) / 2))
+    assert regret["parrot"] == inf
+    # Every candidate failed on a trace: its reference is the best run there (topas).
+    assert fc._regret_scores([{"topas": (10.0, 20.0), "lpm": (inf, inf)}], ("lpm",))["topas"] == 1.0
+    with pytest.raises(ConfigError, match="forecast score"):
+        make_policy("topas-guard", {"forecast_score": "best"})
+    assert make_policy("topas-guard", {"forecast_score": "regret"}).config.score == "regret"
+
+
 def test_background_forecast_lands_at_a_later_decision():
     """A real worker process: the run goes on while it simulates; its scores apply later."""
     guard = make_policy("topas-guard", {"forecast_mode": "background", "forecast_seeds": "0",
@@ -119,7 +143,7 @@ def test_background_forecast_lands_at_a_later_decision():
     run = _run(guard, load_rate=0.08, tasks=10)
     assert len(run.tasks) == 10 and guard.errors == []
     guard.wait(timeout_s=120)
-    assert guard._pending is not None and guard._pending.done()
+    assert guard._pending is not None and guard._pending.future.done()
     _run(guard, load_rate=0.08, tasks=1, seed=4)  # the next decision applies it
     (landed,) = guard.history
     # submitted at the 8th arrival (7 gaps); applied at the second run's first decision, whose

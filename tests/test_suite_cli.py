@@ -27,8 +27,9 @@ def test_tiny_suite_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert run_suite_cli(_args(tmp_path)) == 0
     out = capsys.readouterr().out
     assert "random suite: 2 workflows x seeds 0 x loads 0.5, 10 tasks" in out
-    for rule in ("paper", "per_load"):
+    for rule in ("paper", "per_load", "vs_lpm"):
         assert f"topas         mean_jct  {rule}" in out
+    assert "(1 baseline)  p99_jct   per_load" in out  # one baseline: the floor is 1.0 everywhere
     doc = json.loads((tmp_path / "out.json").read_text())
     assert doc["seeds"] == [0] and doc["loads"] == [0.5] and doc["policies"] == ["lpm", "topas"]
     assert [w["index"] for w in doc["workflows"]] == [0, 1]
@@ -40,8 +41,11 @@ def test_tiny_suite_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
         assert w["paper"]["topas"]["mean_jct"]["ratio"] == pytest.approx(ratio)
         assert w["per_load"]["topas"]["mean_jct"][0]["ratio"] == pytest.approx(ratio)
         assert w["paper"]["topas"]["mean_jct"]["winner"] == "lpm"
+        assert w["vs_lpm"]["topas"]["mean_jct"][0]["ratio"] == pytest.approx(ratio)  # lpm is the only baseline
+        assert w["baseline_floor"]["mean_jct"][0] == {"ratio": 1.0, "winner": "lpm", "winners": ["lpm"], "load": 0.5}
     dist = doc["distribution"]["topas"]["mean_jct"]["paper"]
     assert dist["n"] == 2 and dist["min"] <= dist["p50"] <= dist["max"]
+    assert doc["baseline_floor"]["p99_jct"]["max"] == 1.0 and doc["baseline_floor"]["p99_jct"]["losses"] == 0
     # The worst cases are both workflows, worst first, each replayable from its YAML.
     worst = doc["worst"]
     assert len(worst) == 2 and worst[0]["ratio"] >= worst[1]["ratio"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from topas_agents.suite.ratios import paper_rule, per_load, worst_load
+from topas_agents.suite.ratios import baseline_floor, paper_rule, per_load, worst_load
 from topas_agents.suite.report import LOSS_THRESHOLD, distribution
 
 BASE = ("fcfs", "lpm")
@@ -39,6 +39,25 @@ def test_per_load_averages_over_seeds_then_compares() -> None:
     assert rs[0].ratio == pytest.approx(10 / 11) and rs[0].winner == "lpm"
     assert rs[1].ratio == pytest.approx(22.5 / 20) and rs[1].winner == "fcfs"
     assert worst_load(rs) == rs[1]
+
+
+def test_baseline_floor_picks_the_baseline_with_the_smallest_worse_metric() -> None:
+    # One load, a trade-off: fcfs has the best mean (10), lpm the best p99 (20). Worse-metric
+    # ratios: fcfs max(1.0, 30/20) = 1.5, lpm max(12/10, 1.0) = 1.2, spf max(1.1, 23/20) = 1.15.
+    runs = {1: {0.5: {"fcfs": _m(10, 30), "lpm": _m(12, 20), "spf": _m(11, 23)}}}
+    floor = baseline_floor(runs, ("fcfs", "lpm", "spf"))
+    assert floor["mean_jct"][0].winner == floor["p99_jct"][0].winner == "spf"
+    assert floor["mean_jct"][0].ratio == pytest.approx(1.1)
+    assert floor["p99_jct"][0].ratio == pytest.approx(1.15)
+    # RUNS (seeds averaged first): lpm is best on both metrics at 0.2, fcfs on both at 0.8,
+    # so a perfect selector loses nothing there.
+    floor = baseline_floor(RUNS, BASE)
+    assert [r.winner for r in floor["mean_jct"]] == ["lpm", "fcfs"]
+    assert [r.ratio for m in ("mean_jct", "p99_jct") for r in floor[m]] == [1.0] * 4
+    # A baseline with a missing value is not picked; none known: no ratio.
+    runs = {1: {0.5: {"fcfs": _m(10, 30), "lpm": {"mean_jct": None, "p99_jct": 5}}}}
+    assert baseline_floor(runs, ("fcfs", "lpm"))["p99_jct"][0].winner == "fcfs"
+    assert baseline_floor(runs, ("lpm",))["mean_jct"][0].ratio is None
 
 
 def test_missing_value_gives_no_ratio() -> None:

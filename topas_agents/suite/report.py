@@ -17,6 +17,7 @@ from .runner import KEPT_METRICS, SuiteConfig, WorkflowResult
 # mean JCT in this simulator, so smaller excesses are not evidence of a worse policy.
 LOSS_THRESHOLD = 1.02
 DEFAULT_WORST_N = 5
+FLOOR_LABEL = "(1 baseline)"
 QUANTILES = (0.1, 0.5, 0.9)
 
 
@@ -54,10 +55,21 @@ def distribution(values: Sequence[float | None]) -> Dist:
 
 
 def distributions(results: Sequence[WorkflowResult], policy: str) -> dict[str, dict[str, Dist]]:
-    """metric -> {"paper": over workflows, "per_load": over (workflow, load) pairs}."""
-    return {m: {"paper": distribution([r.paper[policy][m].ratio for r in results]),
-                "per_load": distribution([x.ratio for r in results for x in r.per_load[policy][m]])}
-            for m in METRICS}
+    """metric -> {"paper": over workflows, "per_load": over (workflow, load) pairs, and, when
+    LPM ran, "vs_lpm": per load relative to LPM alone}."""
+    out = {m: {"paper": distribution([r.paper[policy][m].ratio for r in results]),
+               "per_load": distribution([x.ratio for r in results for x in r.per_load[policy][m]])}
+           for m in METRICS}
+    if results and all(r.vs_lpm for r in results):
+        for m in METRICS:
+            out[m]["vs_lpm"] = distribution([x.ratio for r in results for x in r.vs_lpm[policy][m]])
+    return out
+
+
+def floor_distributions(results: Sequence[WorkflowResult]) -> dict[str, Dist]:
+    """metric -> the per-load distribution of the hindsight single-baseline pick
+    (ratios.baseline_floor): what a perfect selector of stock policies would score."""
+    return {m: distribution([x.ratio for r in results for x in r.floor[m]]) for m in METRICS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,11 +175,15 @@ def format_report(results: Sequence[WorkflowResult], config: SuiteConfig,
              f"loss = ratio > {LOSS_THRESHOLD}", ""]
     head = f"{'policy':<14}{'metric':<10}{'rule':<10}{'n':>5}{'min':>8}{'p10':>8}{'p50':>8}{'p90':>8}{'max':>8}{'>1.02':>7}"
     lines.append(head)
-    for p in config.compared:
-        for m, rules in distributions(results, p).items():
-            for rule, d in rules.items():
-                lines.append(f"{p:<14}{m:<10}{rule:<10}{d.n:>5}{_fmt(d.min):>8}{_fmt(d.p10):>8}"
-                             f"{_fmt(d.p50):>8}{_fmt(d.p90):>8}{_fmt(d.max):>8}{d.losses:>7}")
+    rows = [(p, m, rule, d) for p in config.compared for m, rules in distributions(results, p).items()
+            for rule, d in rules.items()]
+    rows += [(FLOOR_LABEL, m, "per_load", d) for m, d in floor_distributions(results).items()]
+    for p, m, rule, d in rows:
+        lines.append(f"{p:<14}{m:<10}{rule:<10}{d.n:>5}{_fmt(d.min):>8}{_fmt(d.p10):>8}"
+                     f"{_fmt(d.p50):>8}{_fmt(d.p90):>8}{_fmt(d.max):>8}{d.losses:>7}")
+    lines.append(f"{FLOOR_LABEL}: at each workflow and load the one baseline whose worse metric is "
+                 "closest to the best baseline, picked with hindsight (a perfect selector of stock "
+                 "policies); vs_lpm: per load, relative to LPM alone")
     fails = failures(results)
     if fails:
         lines += ["", f"FAILED runs ({len(fails)}; no metrics, not in the ratios above):"]
@@ -184,7 +200,7 @@ def format_report(results: Sequence[WorkflowResult], config: SuiteConfig,
                          f"{_fmt(paper['mean_jct'].ratio)} p99 {_fmt(paper['p99_jct'].ratio)}"
                          + (f" -> {path}" if path else ""))
             for p, d in case_detail(case, policy).items():
-                lines.append("     " + f"{p:<8}" + "  ".join(f"{k}={_fmt(v, '.3g')}" for k, v in d.items()))
+                lines.append("     " + f"{p:<12} " + "  ".join(f"{k}={_fmt(v, '.3g')}" for k, v in d.items()))
     return "\n".join(lines)
 
 
@@ -209,7 +225,9 @@ def _workflow_json(r: WorkflowResult) -> dict[str, Any]:
             "workflow": workflow_to_dict(g.workflow),
             "runs": {str(s): {f"{u:g}": pol for u, pol in by_load.items()} for s, by_load in r.runs.items()},
             "paper": {p: {m: _ratio_json(x) for m, x in ms.items()} for p, ms in r.paper.items()},
-            "per_load": {p: {m: [_ratio_json(x) for x in xs] for m, xs in ms.items()} for p, ms in r.per_load.items()}}
+            "per_load": {p: {m: [_ratio_json(x) for x in xs] for m, xs in ms.items()} for p, ms in r.per_load.items()},
+            "vs_lpm": {p: {m: [_ratio_json(x) for x in xs] for m, xs in ms.items()} for p, ms in r.vs_lpm.items()},
+            "baseline_floor": {m: [_ratio_json(x) for x in xs] for m, xs in r.floor.items()}}
 
 
 def result_json(results: Sequence[WorkflowResult], config: SuiteConfig, worst: Sequence[WorstCase],
@@ -222,6 +240,7 @@ def result_json(results: Sequence[WorkflowResult], config: SuiteConfig, worst: S
         "policies": list(config.policies), "loss_threshold": LOSS_THRESHOLD,
         "distribution": {p: {m: {k: d.as_dict() for k, d in rules.items()}
                              for m, rules in distributions(results, p).items()} for p in config.compared},
+        "baseline_floor": {m: d.as_dict() for m, d in floor_distributions(results).items()},
         "failures": [{"workflow": f.result.gen.workflow.name, "shape": f.result.gen.shape, "seed": f.seed,
                       "load": f.load, "policy": f.policy, "error": f.error} for f in failures(results)],
         "worst": [{"workflow": c.name, "shape": c.result.gen.shape, "metric": c.metric, "load": c.at.load,

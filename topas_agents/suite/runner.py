@@ -19,7 +19,7 @@ from ..errors import ConfigError, TopasError
 from ..policies import BASELINES
 from ..workflow import Workflow
 from .generate import GeneratedWorkflow, generate_suite
-from .ratios import METRICS, Ratio, Runs, paper_rule, per_load
+from .ratios import METRICS, Ratio, Runs, baseline_floor, paper_rule, per_load
 
 # What the suite keeps of each bench row: the two JCT metrics it ranks by, and the three
 # that explain a loss (did the policy preempt, move prefixes, or run smaller batches?).
@@ -68,6 +68,8 @@ class WorkflowResult:
     runs: Runs  # seed -> load -> policy -> metric -> value
     paper: Mapping[str, Mapping[str, Ratio]]  # policy -> metric -> ratio
     per_load: Mapping[str, Mapping[str, tuple[Ratio, ...]]]  # policy -> metric -> one per load
+    vs_lpm: Mapping[str, Mapping[str, tuple[Ratio, ...]]]  # the same, relative to LPM alone ({} without lpm)
+    floor: Mapping[str, tuple[Ratio, ...]]  # metric -> one per load (ratios.baseline_floor)
 
 
 def validate(config: SuiteConfig) -> None:
@@ -148,7 +150,10 @@ def _run_all(jobs: list[Job], config: SuiteConfig) -> dict[tuple[int, int], Any]
 def judge(gen: GeneratedWorkflow, runs: Runs, config: SuiteConfig) -> WorkflowResult:
     paper = {p: {m: paper_rule(runs, p, m, config.baselines) for m in METRICS} for p in config.compared}
     loads = {p: {m: per_load(runs, p, m, config.baselines) for m in METRICS} for p in config.compared}
-    return WorkflowResult(gen, runs, paper, loads)
+    # The stock scheduler users swap out: "never slower than LPM" is the promise in its plainest form.
+    vs_lpm = ({p: {m: per_load(runs, p, m, ("lpm",)) for m in METRICS} for p in config.compared}
+              if "lpm" in config.baselines else {})
+    return WorkflowResult(gen, runs, paper, loads, vs_lpm, baseline_floor(runs, config.baselines))
 
 
 def run_suite(config: SuiteConfig) -> tuple[WorkflowResult, ...]:
