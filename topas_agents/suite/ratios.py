@@ -94,8 +94,7 @@ def per_load(runs: Runs, policy: str, metric: Metric, baselines: Sequence[str]) 
     out = []
     for u in loads:
         names = {policy, *baselines}
-        avg = {p: _mean([runs[s][u][p][metric] for s in sorted(runs)])
-               for p in names if all(u in runs[s] and p in runs[s][u] for s in runs)}
+        avg = {p: _seed_avg(runs, u, p, metric) for p in names}
         best = _best(avg, baselines)
         ratio = _ratio(avg.get(policy), avg[best]) if best else None
         out.append(Ratio(ratio, (best,) if best else (), u))
@@ -103,6 +102,7 @@ def per_load(runs: Runs, policy: str, metric: Metric, baselines: Sequence[str]) 
 
 
 def _seed_avg(runs: Runs, u: float, policy: str, metric: Metric) -> float | None:
+    """The policy's metric at load `u`, averaged over seeds (None if any seed lacks it)."""
     if not all(u in runs[s] and policy in runs[s][u] for s in runs):
         return None
     return _mean([runs[s][u][policy][metric] for s in sorted(runs)])
