@@ -101,6 +101,35 @@ def test_cli_with_seeds(tmp_path, capsys):
     assert saved["by_replicas"] == json.loads(json.dumps(serial["by_replicas"]))
 
 
+@pytest.mark.parametrize("seeds", [None, "3"])
+def test_cli_without_a_baseline_prints_and_saves(tmp_path, capsys, seeds):
+    """Only Topas ran (no baseline pair to compare with): the table says so, the JSON is
+    saved and the exit code is 0 (this used to raise after the runs, losing them)."""
+    p = argparse.ArgumentParser()
+    for flag, default in (("--workload", None), ("--profile", DEFAULT_PROFILE), ("--load", None),
+                          ("--kv-budget", None), ("--json", None)):
+        p.add_argument(flag, default=default)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=lambda t: tuple(int(x) for x in t.split(",")), default=None)
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--policies", type=lambda t: t.split(","), default=["topas"])
+    add_cluster_bench_options(p)
+    out = tmp_path / "c.json"
+    argv = ["--workload", "chain3", "--replicas", "2", "--router", "task", "--tasks-per-replica", "3",
+            "--json", str(out)] + (["--seeds", seeds] if seeds else [])
+    args = p.parse_args(argv)
+    args.load = (0.3,)
+    assert run_cluster_from_args(args) == 0
+    text = capsys.readouterr().out
+    assert "topas+task" in text
+    saved = json.loads(out.read_text())
+    if seeds:
+        assert "none ran" in text and "n/a" in text
+        assert saved["by_replicas"][0]["headline"]["best_baseline"] == [None]
+    else:
+        assert "best_baseline_mean_jct" not in saved["by_replicas"][0]["summary"]
+
+
 def test_no_seeds_is_an_error():
     with pytest.raises(ConfigError):
         run_cluster_seeds(CFG, ())

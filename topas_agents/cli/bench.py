@@ -269,12 +269,11 @@ def run(args: argparse.Namespace) -> int:
     show = not args.no_progress and sys.stderr.isatty()
     if args.seeds:
         result = run_seeds(config, args.seeds, jobs=args.jobs, progress=show)
-        print(format_seeds_table(result))
     else:
         result = run_bench(config, progress=show, jobs=args.jobs)
-        print(format_table(result, capacity_for(config)))
-    if args.json:
+    if args.json:  # saved before the table is formatted: a run can take hours
         write_json(args.json, result)
+    print(format_seeds_table(result) if args.seeds else format_table(result, capacity_for(config)))
     if args.plot:
         plot_result(result, args.plot)
     if args.timeline:

@@ -80,13 +80,14 @@ def run_cluster_from_args(args: argparse.Namespace) -> int:
         from .seeds import run_cluster_seeds
 
         doc = run_cluster_seeds(cfg, seeds, jobs=getattr(args, "jobs", 1) or 1, progress=progress)
-        print(format_cluster_seeds_table(doc))
+        table = format_cluster_seeds_table
     else:
         doc = run_cluster_bench(cfg, progress=progress)
-        print(format_cluster_table(doc))
-    if getattr(args, "json", None):
+        table = format_cluster_table
+    if getattr(args, "json", None):  # saved before anything else can fail: the runs took minutes
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
+    print(table(doc))
     return 0
 
 
@@ -135,7 +136,7 @@ def format_cluster_seeds_table(doc: dict[str, Any]) -> str:
         head = block["headline"]
         if head:
             lines.append(f"  headline {head['topas_best_router']}: vs best baseline pair "
-                         f"(per seed {','.join(head['best_baseline'])}) mean x{_ci(head['mean_jct_vs_best_baseline'], '.3f')}, "
+                         f"(per seed {','.join(b or 'none ran' for b in head['best_baseline'])}) mean x{_ci(head['mean_jct_vs_best_baseline'], '.3f')}, "
                          f"p99 x{_ci(head['p99_jct_vs_best_baseline'], '.3f')}")
             if "mean_jct_vs_lpm_cache" in head:
                 lines.append(f"  headline {head['topas_best_router']} vs lpm+cache: "

@@ -95,7 +95,7 @@ def run_suite_cli(args: argparse.Namespace) -> int:
     paths = write_worst(worst, Path(worst_dir), config, primary(config)) if worst_dir else []
     if worst_dir:
         write_failed(failures(results), Path(worst_dir) / "failed", config, primary(config))
-    print(format_report(results, config, worst, paths))
-    if getattr(args, "json", None):
+    if getattr(args, "json", None):  # saved before the report is formatted: a suite takes hours
         write_json(args.json, result_json(results, config, worst, paths))
+    print(format_report(results, config, worst, paths))
     return 0
