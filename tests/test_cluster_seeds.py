@@ -75,7 +75,8 @@ def test_headline_picks_the_router_once_and_ratios_per_seed(doc):
     assert len(head["best_baseline"]) == 3
 
 
-def test_cli_with_seeds(tmp_path, capsys):
+def _cli(policies: list[str]) -> argparse.ArgumentParser:
+    """The `topas bench` options the cluster path reads."""
     p = argparse.ArgumentParser()
     for flag, default in (("--workload", None), ("--profile", DEFAULT_PROFILE), ("--load", None),
                           ("--kv-budget", None), ("--json", None)):
@@ -83,8 +84,13 @@ def test_cli_with_seeds(tmp_path, capsys):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", type=lambda t: tuple(int(x) for x in t.split(",")), default=None)
     p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--policies", type=lambda t: t.split(","), default=["topas", "lpm"])
+    p.add_argument("--policies", type=lambda t: t.split(","), default=policies)
     add_cluster_bench_options(p)
+    return p
+
+
+def test_cli_with_seeds(tmp_path, capsys):
+    p = _cli(["topas", "lpm"])
     out = tmp_path / "c.json"
     args = p.parse_args(["--workload", "chain3", "--replicas", "2", "--router", "task,cache",
                          "--tasks-per-replica", "4", "--seeds", "1,2", "--jobs", "2", "--json", str(out)])
@@ -105,15 +111,7 @@ def test_cli_with_seeds(tmp_path, capsys):
 def test_cli_without_a_baseline_prints_and_saves(tmp_path, capsys, seeds):
     """Only Topas ran (no baseline pair to compare with): the table says so, the JSON is
     saved and the exit code is 0 (this used to raise after the runs, losing them)."""
-    p = argparse.ArgumentParser()
-    for flag, default in (("--workload", None), ("--profile", DEFAULT_PROFILE), ("--load", None),
-                          ("--kv-budget", None), ("--json", None)):
-        p.add_argument(flag, default=default)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--seeds", type=lambda t: tuple(int(x) for x in t.split(",")), default=None)
-    p.add_argument("--jobs", type=int, default=1)
-    p.add_argument("--policies", type=lambda t: t.split(","), default=["topas"])
-    add_cluster_bench_options(p)
+    p = _cli(["topas"])
     out = tmp_path / "c.json"
     argv = ["--workload", "chain3", "--replicas", "2", "--router", "task", "--tasks-per-replica", "3",
             "--json", str(out)] + (["--seeds", seeds] if seeds else [])
