@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import signal
 import socket
 import subprocess
@@ -74,15 +75,25 @@ def test_user_errors_are_one_line_exit_2(argv, message, capsys) -> None:
     assert message in err and err.count("\n") == 1
 
 
-def test_engine_sglang_dispatch_or_clear_error(capsys) -> None:
-    try:
-        importlib.import_module("topas_agents.server.sglang.launch")
-    except ImportError:
-        assert main(["serve", "--engine", "sglang"]) == 2
-        err = capsys.readouterr().err
-        assert "pip install -e .[sglang]" in err and err.count("\n") == 1
-    else:
-        pytest.skip("the SGLang launcher is importable here (tested under -m sglang)")
+@pytest.mark.parametrize("argv", [
+    ["serve", "--engine", "sglang", "--port", "18433"],
+    ["bench", "--engine", "sglang", "--policies", "lpm,topas", "--tasks", "2"],
+    ["serve", "--replicas", "2", "--engine", "sglang", "--port", "18533"],
+], ids=["serve", "bench", "replicas"])
+def test_engine_sglang_without_sglang_is_a_one_line_exit_2(argv, tmp_path, monkeypatch, capsys) -> None:
+    """The plugin's entry point ships with topas-agents, so it says nothing about SGLang being
+    installed: without SGLang every --engine sglang path stops before starting anything, with
+    the install command, instead of a bare exit 1 from `python -m sglang.launch_server` or a
+    traceback from the tokenizer import."""
+    from topas_agents.server.sglang import config as sglang_config
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(sglang_config.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sglang" else real_find_spec(name, *a))
+    model = ["--model-path", str(tmp_path)]
+    assert main(argv + (["--", *model] if "--replicas" in argv else model)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --engine sglang needs sglang") and '.[sglang]' in err and err.count("\n") == 1
 
 
 def test_a_busy_port_is_a_one_line_error_and_nothing_claims_to_serve(capsys) -> None:

@@ -58,6 +58,29 @@ def test_tiny_suite_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
         assert set(case["detail"]) == {"topas", "lpm"}
 
 
+def test_worst_case_replay_command_reproduces_the_suite_runs(tmp_path: Path) -> None:
+    """The worst case's ratio is averaged over the suite's arrival seeds, so its YAML's replay
+    command must run every one of them, and running it gives the suite's own numbers."""
+    from topas_agents.cli import main
+
+    run_suite_cli(_args(tmp_path, workflows=1, seeds=(1, 2)))
+    doc = json.loads((tmp_path / "out.json").read_text())
+    case = doc["worst"][0]
+    text = Path(case["yaml"]).read_text()
+    command = next(line.strip() for line in text.splitlines() if "topas bench --workload" in line)
+    command = command.lstrip("# ").strip()
+    assert "--seeds 1,2" in command and "--seed " not in command
+    argv = command.split()[1:] + ["--json", str(tmp_path / "replay.json"), "--no-progress", "--jobs", "1"]
+    assert main(argv) == 0
+    replay = json.loads((tmp_path / "replay.json").read_text())
+    runs = doc["workflows"][0]["runs"]
+    for seed_doc in replay["per_seed"]:
+        (point,) = seed_doc["points"]
+        for policy in ("lpm", "topas"):
+            assert point["results"][policy]["mean_jct"] == pytest.approx(
+                runs[str(seed_doc["seed"])]["0.5"][policy]["mean_jct"])
+
+
 def test_output_does_not_depend_on_worker_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
     run_suite_cli(_args(one, jobs=1, worst_dir=None, json=str(one / "r.json"), seeds=(1, 2)))

@@ -23,6 +23,7 @@ import uvicorn
 
 from topas_agents.errors import ConfigError, TopasError
 
+from ..sglang.config import require_sglang
 from .commands import replica_argv, replica_env, smg_argv, smg_version
 from .config import ClusterConfig, GatewaySettings
 from .front import Front, build_front
@@ -178,6 +179,8 @@ def start_cluster(config: ClusterConfig, *, log_dir: Path | None = None,
     is restarted, `config.restart`; `on_restart` hears each outcome); on any failure stop
     what started."""
     smg_version()
+    if config.engine == "sglang":
+        require_sglang()
     _check_ports(config)
     log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="topas-cluster-"))
     log_dir.mkdir(parents=True, exist_ok=True)

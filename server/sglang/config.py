@@ -19,6 +19,7 @@ children inherit them). With `TOPAS_SGLANG_POLICY` unset or empty the plugin doe
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -119,3 +120,13 @@ def _number(env: Mapping[str, str], name: str, kind: type, default: Any = None) 
         return kind(text)
     except ValueError:
         raise ConfigError(f"{ENV[name]} must be {kind.__name__}, got {text!r}") from None
+
+
+def require_sglang() -> None:
+    """ConfigError naming the fix when SGLang (or the tokenizer library it brings) is not
+    installed: the plugin's own entry point ships with topas-agents, so its presence says
+    nothing about SGLang, and `python -m sglang.launch_server` would fail with a bare exit 1."""
+    missing = [m for m in ("sglang", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(f"--engine sglang needs {' and '.join(missing)}, which this environment lacks; "
+                          "install them with `pip install -e \".[sglang]\"` (SGLang 0.5.23; docs/sglang.md)")

@@ -25,7 +25,7 @@ from ...costmodel import DEFAULT_PROFILE, load_profile
 from ...errors import ConfigError
 from ...policies import make_live_policy
 from ...workflow import load_workflow
-from .config import ENV, PluginConfig
+from .config import ENV, PluginConfig, require_sglang
 
 PLUGIN_NAME = "topas"
 PLUGIN_TARGET = "topas_agents.server.sglang.plugin:register"
@@ -111,6 +111,7 @@ def build_env(config: PluginConfig, base: Mapping[str, str] | None = None) -> di
 def main(args: argparse.Namespace, extra_argv: Sequence[str]) -> int:
     config = build_config(args)
     cmd = build_command(args, extra_argv)
+    require_sglang()
     if not plugin_installed():
         raise ConfigError(f"the '{PLUGIN_NAME}' SGLang plugin entry point is not installed in this "
                           f"environment (pyproject [project.entry-points.\"sglang.srt.plugins\"]; "

@@ -58,7 +58,7 @@ def build_parser(only: str | None = None) -> Parser:
 EXTRA_FOR_MODULE = {
     "numpy": "bench", "tqdm": "bench", "matplotlib": "bench",
     "fastapi": "server", "uvicorn": "server", "starlette": "server",
-    "metagpt": "metagpt", "sglang": "sglang",
+    "metagpt": "metagpt", "sglang": "sglang", "transformers": "sglang",
 }
 
 

@@ -145,6 +145,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         raise SystemExit("realbench: need 0 < --scale <= 1, --tasks >= 1, --rate > 0")
     if args.engine and not args.model_path:
         raise SystemExit("realbench: --engine sglang needs --model-path DIR")
+    if args.engine:
+        from ..server.sglang.config import require_sglang
+
+        require_sglang()  # before any trace is built or server started (ConfigError: exit 2)
     wf = parse_workflow(scaled_workflow(load_workflow(args.workload), args.scale))
     tasks = sample_tasks(wf, args.tasks, args.rate, args.seed)
     wpt = tokens_per_word_ratio(args.model_path, args.words_per_token)

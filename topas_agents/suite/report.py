@@ -108,11 +108,14 @@ def case_detail(case: WorstCase, policy: str) -> dict[str, Any]:
 
 
 def replay_command(case: WorstCase, path: Path, config: SuiteConfig, policy: str) -> str:
+    """Every arrival seed of the suite: the worst case's ratio is seed-averaged, so one seed's
+    run does not reproduce it (`--seeds` runs each seed and prints each seed's table)."""
     pols = ",".join(dict.fromkeys((*config.baselines, policy)))
-    seed = min(config.seeds)
+    seeds = sorted(config.seeds)
+    seed_arg = f"--seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else f"--seed {seeds[0]}"
     budget = f" --kv-budget {config.kv_budget}" if config.kv_budget is not None else ""
     return (f"topas bench --workload {path} --policies {pols} --load {case.at.load:g} "
-            f"--tasks {config.tasks} --seed {seed} --profile {config.profile.name}{budget}")
+            f"--tasks {config.tasks} {seed_arg} --profile {config.profile.name}{budget}")
 
 
 def write_worst(cases: Sequence[WorstCase], directory: Path, config: SuiteConfig, policy: str) -> list[Path]:
