@@ -191,8 +191,9 @@ def build_app(config: ServerConfig, *, responder: Responder | None = None,
     for name in config.workflows:
         registry.load(name)
     if engine_factory is None:
-        from .engine_factory import sim_engine_factory
+        from .engine_factory import check_startup_workflows_fit, sim_engine_factory
 
+        check_startup_workflows_fit(config, registry.mapping)
         engine_factory = sim_engine_factory
     svc = SimService(config, registry, responder or make_responder(config), engine_factory)
 

@@ -11,6 +11,17 @@ from ..workflow import Workflow
 from .config import ServerConfig
 
 
+def check_startup_workflows_fit(config: ServerConfig, workflows: Mapping[str, Workflow]) -> None:
+    """ConfigError (one line, before serving) when a `--workflow` has a call that can never run
+    under the KV budget: every labelled call of it would be a 400 (`topas bench` refuses the
+    same configuration)."""
+    from topas_agents.bench.work import check_fits
+
+    budget = config.kv_budget or load_profile(config.profile).kv_budget_tokens
+    for wf in workflows.values():
+        check_fits(wf, budget)
+
+
 def sim_engine_factory(config: ServerConfig,
                        workflows: Mapping[str, Workflow]) -> tuple[Engine, RequestFactory]:
     """A `SimEngine` on the configured profile and policy, plus its request type.

@@ -106,24 +106,31 @@ def _prompt(body: Mapping[str, Any]) -> tuple[str, int | None]:
     raw = body.get("prompt")
     if raw is None:
         raise bad_request("'prompt' is required", "prompt")
-    if isinstance(raw, str):
-        return raw, None
     if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
-        return raw[0], None
-    if isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        raw = raw[0]
+    if isinstance(raw, str):
+        if not raw:
+            raise bad_request("'prompt' must not be empty", "prompt")
+        return raw, None
+    if isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool)
+                                             and 0 <= t <= MAX_TOKENS for t in raw):
         return "", len(raw)
-    raise bad_request("'prompt' must be a string, a list of one string, or a list of token ids", "prompt")
+    raise bad_request("'prompt' must be a non-empty string, a list of one such string, or a list of token ids "
+                      f"(integers 0 .. {MAX_TOKENS})", "prompt")
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    """`max_tokens`, else `max_completion_tokens`; each one given is checked (an invalid field
+    is a 400 even when the other is valid, not silently ignored)."""
+    given = []
     for key in ("max_tokens", "max_completion_tokens"):
         value = body.get(key)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS:
             raise bad_request(f"'{key}' must be an integer >= 1 and <= {MAX_TOKENS}, got {short(value)}", key)
-        return value
-    return None
+        given.append(value)
+    return given[0] if given else None
 
 
 def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:

@@ -75,7 +75,9 @@ CASES = [
      "policy 'lpm' is not in --policies (fcfs)"),
     (["--workload", "chain3", "--policies", "fcfs", "--policy-opt", "fcfs.x=[1"], "cannot parse value '[1'"),
     (["--workload", "chain3", "--policies", "fcfs", "--policy-opt", "fcfs.window=3"],
-     "policy 'fcfs' options {'window': 3}"),
+     "policy 'fcfs' has no option 'window' (its options: none)"),
+    (["--workload", "chain3", "--policies", "topas", "--policy-opt", "topas.beta=.inf"],
+     "topas option 'beta' must be a finite number, got inf"),
     (["--workload", "chain3", "--policy-config", "missing.yaml"], "--policy-config missing.yaml: cannot read"),
     (["--workload", "chain3", "--policy-config", "{cfg_syntax}"], "invalid YAML at line"),
     (["--workload", "chain3", "--policy-config", "{cfg_list}"], "expected a mapping of policy name -> options"),
@@ -86,6 +88,22 @@ CASES = [
     (["--workload", "chain3", "--policies", "fcfs", "--tasks", "1", "--rate", "1", "--json", "/proc/no/such.json"],
      "--json /proc/no/such.json: cannot write"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--workload", "chain3", "--json", "{trace}/x.json"], "is a file, not a directory"),
+    (["--workload", "chain3", "--json", ""], "--json: empty path"),
+    (["--workload", "chain3", "--plot", "{dir}"], "is a directory"),
+    (["--suite", "random", "--workflows", "1", "--policies", "fcfs,topas", "--worst-dir", "{trace}/w"],
+     "--worst-dir"),
+    (["--workload", "chain3", "--replicas", "2", "--json", "{trace}/x.json"], "is a file, not a directory"),
+    (["--workload", "chain3", "--replicas", "2", "--scaling", "topas+task", "--p99-target", "-1"],
+     "argument --p99-target: expected a positive number"),
+    (["--workload", "chain3", "--router", "task"], "--router applies to the simulated cluster only"),
+    (["--workload", "chain3", "--tasks-per-replica", "3"], "--tasks-per-replica applies to the simulated cluster"),
+    (["--workload", "chain3", "--replicas", "2", "--p99-target", "5"], "--p99-target applies to --scaling only"),
+    (["--workload", "chain3", "--replicas", "2,2"], "a replica count is given twice"),
+    (["--workload", "chain3", "--replicas", "2", "--tasks-per-replica", "0"],
+     "argument --tasks-per-replica: expected a positive integer"),
+    (["--workload", "chain3", "--policies", "fcfs", "--tasks", "1", "--server", "http://127.0.0.1:9/v1"],
+     "cannot reach the server at http://127.0.0.1:9/v1"),
 ]
 
 
@@ -111,6 +129,9 @@ def test_bench_errors_are_one_line(argv, needle, files, capsys):
         (["docs", "--policies", "fcfs,zz"], "unknown policy 'zz'"),
         (["docs", "--out", "{dir}"], "--out"),
         (["nosuch"], "invalid choice: 'nosuch'"),
+        (["run", "sop", "--prompt", "x", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
+        (["eval", "softwaredev", "--rate", "0.05", "--tasks", "100000000"],
+         "argument --tasks: expected an integer in [1, 100000]"),
     ],
 )
 def test_other_errors_are_one_line(argv, needle, files, capsys):
@@ -168,3 +189,39 @@ class _ParserStub:
         import argparse
 
         return argparse.Namespace(command="bench", run=self.run)
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "--workload", "chain3", "--json", "{trace}/x.json"],
+    ["bench", "--suite", "random", "--worst-dir", "{trace}/w"],
+    ["bench", "--workload", "chain3", "--replicas", "2", "--json", "{trace}/x.json"],
+], ids=["bench", "suite", "replicas"])
+def test_bench_outputs_are_checked_before_the_run(argv, files, monkeypatch, capsys):
+    """A run can take hours: an output that cannot be written fails before it, not after."""
+    from topas_agents.cli import bench
+
+    def ran(*_a, **_k):
+        raise AssertionError("the run started before its outputs were checked")
+
+    monkeypatch.setattr(bench, "resolve_args", ran)
+    assert main(_fmt(argv, files)) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "sop", "--prompt", "x", "--json", "{trace}/x.json"],
+    ["run", "sop", "--prompt", "x", "--trace", "{trace}/t.jsonl"],
+    ["eval", "softwaredev", "--rate", "0.05", "--policies", "fcfs", "--limit", "1", "--trace-dir", "{trace}/t"],
+    ["eval", "softwaredev", "--rate", "0.05", "--policies", "fcfs", "--limit", "1", "--plot", "{trace}/p"],
+], ids=["run-json", "run-trace", "eval-trace-dir", "eval-plot"])
+def test_run_and_eval_outputs_are_checked_before_any_task(argv, files, monkeypatch, capsys):
+    pytest.importorskip("metagpt")
+    from topas_agents.integrations.metagpt import environment
+
+    def ran(*_a, **_k):
+        raise AssertionError("MetaGPT was prepared before the outputs were checked")
+
+    monkeypatch.setattr(environment, "prepare_metagpt", ran)
+    assert main(_fmt(argv, files)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "is a file, not a directory" in err

@@ -83,6 +83,9 @@ def test_label_lifting_and_route_key():
     body2 = {"topas": {"task_id": "b"}}
     assert lift_label(body2, {"X-Topas-Task-Id": "h"}) == {"task_id": "b"}  # the body wins whole
     assert lift_label({}, {}) is None
+    # ASGI reads header bytes as Latin-1; httpx sent UTF-8: the body gets the id the client meant
+    as_read = "café".encode().decode("latin-1")
+    assert lift_label({}, {"X-Topas-Task-Id": as_read}) == {"task_id": "café"}
     assert route_key({"task_id": "t", "agent": "a"}, "task") == "t"
     assert route_key({"task_id": "t", "agent": "a"}, "agent") == "a"
     assert route_key({"task_id": "t"}, "cache_aware") is None

@@ -145,6 +145,35 @@ def test_malformed_bodies_and_over_budget_are_400(server, client) -> None:
     assert httpx.get(f"{server.base_url}/health").json()["status"] == "ok"  # nothing else affected
 
 
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": [""]}, "prompt"),
+    ({"prompt": [1, -1]}, "prompt"),
+    ({"prompt": [1, 2**40]}, "prompt"),
+    ({"prompt": "x", "max_tokens": 5, "max_completion_tokens": -3}, "max_completion_tokens"),
+])
+def test_completions_bodies_the_docs_refuse_are_400(server, body, param) -> None:
+    """docs/server.md: an empty prompt is a 400, and so is any invalid length field, even
+    beside a valid one (it was silently ignored)."""
+    r = httpx.post(f"{server.url}/completions", json={"model": "m", **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert httpx.post(f"{server.url}/completions", json={"model": "m", "prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_utf8_header_labels_name_the_same_task_as_the_body(server) -> None:
+    """httpx (our wrappers) sends header values as UTF-8; the server reads them as the client
+    meant, so a non-ASCII task id in a header and in the body is one task."""
+    url = f"{server.url}/chat/completions"
+    msg = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    label = {"task_id": "café-任务", "stage": "s", "agent": "a"}
+    r_body = httpx.post(url, json={**msg, "topas": label})
+    r_head = httpx.post(url, json=msg, headers={"X-Topas-Task-Id": label["task_id"].encode(), "X-Topas-Stage": "s",
+                                                "X-Topas-Agent": "a"})
+    assert r_body.status_code == r_head.status_code == 200
+    calls = {c["rid"]: c for c in _stats(server, calls=1000)["calls"]}
+    assert calls[r_body.json()["id"]]["label"]["task_id"] == calls[r_head.json()["id"]]["label"]["task_id"] == "café-任务"
+
+
 def test_workflow_stage_output_profile_sets_the_length(server, client) -> None:
     r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
                                        extra_body={"topas": {"task_id": "prof-1", "stage": "s1", "agent": "a",

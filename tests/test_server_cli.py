@@ -64,6 +64,8 @@ def test_topas_serve_sim_serves_and_stops_on_sigint() -> None:
         (["serve", "--workflow", "no-such-workflow"], "unknown workflow"),
         (["serve", "--policy", "no-such-policy"], "unknown policy"),
         (["serve", "--policy-opt", "novalue"], "key=value"),
+        (["serve", "--policy", "fcfs", "--policy-opt", "x=1", "--port", "0"], "policy 'fcfs' has no option 'x'"),
+        (["serve", "--kv-budget", "10", "--workflow", "chain3", "--port", "0"], "KV budget 10 tokens cannot hold stage"),
         (["serve", "--responder", "replay"], "--replay-file"),
         (["serve", "--responder", "replay", "--replay-file", "/nonexistent.jsonl"], "not found"),
         (["serve", "stray"], "unexpected arguments"),

@@ -131,6 +131,25 @@ def test_yaml_syntax_error_names_the_line(tmp_path: Path):
         load_workflow(path)
 
 
+@pytest.mark.parametrize("text", [
+    "name: z\nagents: [{name: a, prefix_tokens: 1}]\nname: y\n"
+    "stages: [{name: s, agent: a, input_tokens: 1, output_tokens: 1}]\n",
+    "name: z\nagents: [{name: a, prefix_tokens: 1, prefix_tokens: 9}]\n"
+    "stages: [{name: s, agent: a, input_tokens: 1, output_tokens: 1}]\n",
+    '{"name": "z", "agents": [{"name": "a", "prefix_tokens": 1}], "name": "y", '
+    '"stages": [{"name": "s", "agent": "a", "input_tokens": 1, "output_tokens": 1}]}',
+], ids=["yaml-top", "yaml-nested", "json"])
+def test_a_repeated_key_is_an_error_not_the_last_one_winning(tmp_path: Path, text: str):
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(WorkflowError, match="duplicate key '(name|prefix_tokens)'"):
+        load_workflow(path)
+    # the same keys in different mappings are fine
+    path.write_text(text.replace("name: y", "description: y").replace(", prefix_tokens: 9", "")
+                    .replace('"name": "y"', '"description": "y"'))
+    assert load_workflow(path).name == "z"
+
+
 def test_file_errors(tmp_path: Path):
     with pytest.raises(WorkflowError, match="workflow file not found"):
         load_workflow(tmp_path / "missing.yaml")

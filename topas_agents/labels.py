@@ -111,8 +111,19 @@ def label_from_mapping(data: Any) -> Label:
     return Label(**label_fields(data))
 
 
+def header_text(value: str) -> str:
+    """A header value as the client meant it. ASGI servers (Starlette: our server, SGLang, the
+    cluster front) decode header bytes as Latin-1, while httpx, hence our wrappers, encodes
+    them as UTF-8: without this a task id `café` sent in a header became `cafÃ©`, another
+    task than the same id in the body. Bytes that are not UTF-8 keep their Latin-1 reading."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
+
+
 def label_from_headers(headers: Mapping[str, str]) -> Label | None:
-    lowered = {k.lower(): v for k, v in headers.items()}
+    lowered = {k.lower(): header_text(v) for k, v in headers.items() if k.lower().startswith("x-topas-")}
     values = {k: lowered.get(h.lower()) for k, h in HEADERS.items()}
     if all(v is None for v in values.values()):
         return None

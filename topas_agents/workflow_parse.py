@@ -227,26 +227,62 @@ def load_yaml_data(text: str, limits: WorkflowLimits = DEFAULT_LIMITS) -> Any:
     composer recurses without a guard and segfaults on deep nesting); WorkflowError on errors."""
     if text.lstrip()[:1] in ("{", "["):  # JSON (a subset of YAML) parses ~50x faster as JSON
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_unique_keys)
         except RecursionError:
             raise WorkflowError(f"nested deeper than {limits.max_depth} levels") from None
         except ValueError:  # flow-style YAML such as `{name: x}`, or a > 4300-digit integer
             pass
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # C: ~4x faster on big uploads
     try:
-        depth = 0
-        for event in yaml.parse(text, Loader=loader):
-            if isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent):
-                depth += 1
-                if depth > limits.max_depth:
-                    raise WorkflowError(f"nested deeper than {limits.max_depth} levels")
-            elif isinstance(event, yaml.SequenceEndEvent | yaml.MappingEndEvent):
-                depth -= 1
+        _check_events(yaml.parse(text, Loader=loader), limits.max_depth)
         return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         raise WorkflowError(f"invalid YAML{yaml_error_detail(exc)}") from None
     except (RecursionError, ValueError) as exc:  # ValueError: an integer of > 4300 digits
         raise WorkflowError(f"invalid YAML: {_clip(str(exc))}") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads hook: a repeated key is an error (JSON and YAML loaders keep the last one
+    silently, so `name: a ... name: b` registered `b`)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise WorkflowError(f"duplicate key {_clip(repr(key))}")
+        out[key] = value
+    return out
+
+
+class _Frame:
+    """An open collection on the event stream: a mapping's keys so far, and whether its next
+    node is a key."""
+
+    __slots__ = ("keys", "expect_key")
+
+    def __init__(self, is_mapping: bool) -> None:
+        self.keys: set[str] | None = set() if is_mapping else None
+        self.expect_key = is_mapping
+
+
+def _check_events(events: Any, max_depth: int) -> None:
+    """One pass over the YAML event stream, before anything is built: nesting depth, and no
+    mapping with the same scalar key twice."""
+    stack: list[_Frame] = []
+    for event in events:
+        if isinstance(event, yaml.NodeEvent) and stack and stack[-1].keys is not None:
+            top = stack[-1]
+            if top.expect_key and isinstance(event, yaml.ScalarEvent):
+                if event.value in top.keys:
+                    line = event.start_mark.line + 1 if event.start_mark else "?"
+                    raise WorkflowError(f"duplicate key {_clip(repr(event.value))} at line {line}")
+                top.keys.add(event.value)
+            top.expect_key = not top.expect_key
+        if isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent):
+            stack.append(_Frame(isinstance(event, yaml.MappingStartEvent)))
+            if len(stack) > max_depth:
+                raise WorkflowError(f"nested deeper than {max_depth} levels")
+        elif isinstance(event, yaml.SequenceEndEvent | yaml.MappingEndEvent):
+            stack.pop()
 
 
 def yaml_error_detail(exc: yaml.YAMLError) -> str:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from topas_agents.cli.args import positive_float, positive_int
+from topas_agents.cli.args import non_negative_int, positive_float, positive_int
 from topas_agents.errors import ConfigError
 
 # Simulated seconds per wall second on the embedded server. 50: a SOP task (~200 simulated s
@@ -32,7 +32,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    "1, real time: ~75 wall s per SOP task; start it with --time-scale 50 for quick runs)")
     p.add_argument("--profile", default=None, help="embedded server: cost profile name or YAML")
     p.add_argument("--kv-budget", type=positive_int, default=None, help="embedded server: KV budget (tokens)")
-    p.add_argument("--seed", type=int, default=0, help="seed (arrivals, simulated output lengths)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed (arrivals, simulated output lengths)")
     p.add_argument("--root", default=".topas/metagpt",
                    help="MetaGPT root: config, logs and the generated repos, workspace/<project>/ (default "
                    ".topas/metagpt)")

@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from topas_agents.labels import BODY_KEY, HEADERS
+from topas_agents.labels import BODY_KEY, HEADERS, header_text
 
 from .aggregate import (
     ReplicaAnswer,
@@ -49,7 +49,7 @@ def lift_label(body: dict[str, Any], headers: Mapping[str, str]) -> Any:
     if body.get(BODY_KEY) is not None:
         return body[BODY_KEY]
     lowered = {k.lower(): v for k, v in headers.items()}
-    from_headers = {field: lowered[h.lower()] for field, h in HEADERS.items() if h.lower() in lowered}
+    from_headers = {field: header_text(lowered[h.lower()]) for field, h in HEADERS.items() if h.lower() in lowered}
     if from_headers:
         body[BODY_KEY] = from_headers
         return from_headers

@@ -48,7 +48,8 @@ def build_policy(name: str, options: Mapping[str, Any] | None = None) -> Policy:
     except (AttributeError, ImportError) as exc:
         raise ConfigError(f"policy '{name}' is not available yet ({exc})") from None
     except TopasError as exc:
-        raise ConfigError(f"policy '{name}': {exc}") from None
+        message = str(exc)  # named once: make_policy's own errors already start with the name
+        raise ConfigError(message if message.startswith(f"policy '{name}'") else f"policy '{name}': {message}") from None
     except (TypeError, ValueError) as exc:  # factories reject unknown/ill-typed options so
         raise ConfigError(f"policy '{name}' options {opts}: {exc}") from None
 

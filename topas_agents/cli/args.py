@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import ConfigError
 
@@ -33,6 +34,17 @@ positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 
 
+def int_between(lo: int, hi: int, why: str = "") -> Callable[[str], int]:
+    """Converter for an integer in [lo, hi] (`why` says where the bound comes from)."""
+    def convert(text: str) -> int:
+        value = int_at_least(lo)(text)
+        if value > hi:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{lo}, {hi}]{why}, got {text!r}")
+        return value
+
+    return convert
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -43,11 +55,46 @@ def positive_float(text: str) -> float:
     return value
 
 
+def _finite(data: Any) -> Any:
+    """`data` with every NaN or infinite float replaced by None (JSON has neither)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite(v) for v in data]
+    return data
+
+
 def write_json(path: str, data: Any) -> None:
-    """Write `data` as indented JSON (no NaN/inf: they are not JSON) to `--json path`."""
+    """Write `data` as indented JSON to `--json path`; a non-finite float (a run where no task
+    completed, say) is written as null, since NaN and Infinity are not JSON."""
     try:
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
+        out.write_text(json.dumps(_finite(data), indent=2, allow_nan=False) + "\n")
     except OSError as exc:
         raise ConfigError(f"--json {path}: cannot write: {exc.strerror or exc}") from None
+
+
+def check_output(flag: str, path: str | Path | None, kind: Literal["file", "dir"] = "file") -> None:
+    """Fail before a run that can take hours, not after it: ConfigError unless `path` (a file,
+    or a directory a command writes into) can be written. Creates the missing parent
+    directories (the writers would), never the file itself."""
+    if path is None:
+        return
+    if not str(path).strip():
+        raise ConfigError(f"{flag}: empty path")
+    out = Path(path)
+    folder = out if kind == "dir" else out.parent
+    blocker = next((a for a in (folder, *folder.parents) if a.exists() and not a.is_dir()), None)
+    if blocker is not None:
+        raise ConfigError(f"{flag} {path}: cannot write: {blocker} is a file, not a directory")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot write: {exc.strerror or exc}") from None
+    if kind == "file" and out.is_dir():
+        raise ConfigError(f"{flag} {path}: is a directory")
+    if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ConfigError(f"{flag} {path}: cannot write: permission denied")

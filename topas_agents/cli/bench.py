@@ -31,7 +31,7 @@ from ..bench.protocol import LIMITS, PROTOCOLS, check_range
 from ..costmodel import DEFAULT_PROFILE, load_profile
 from ..errors import ConfigError
 from ..policies import BASELINES, available_policies
-from .args import non_negative_int, positive_int, write_json
+from .args import check_output, non_negative_int, positive_int, write_json
 
 DEFAULT_POLICIES = ",".join((*BASELINES, "topas"))
 MICROBENCH = "topas_agents.bench.microbench"
@@ -249,8 +249,21 @@ def _write_timelines(args: argparse.Namespace, config: Any) -> None:
     print(f"timelines: {len(paths)} files in {args.timeline}", file=sys.stderr)
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every output path before the run (a run can take hours; failing after it loses it)."""
+    check_output("--json", args.json)
+    check_output("--plot", args.plot)
+    check_output("--timeline", args.timeline, "dir")
+    if args.suite:
+        check_output("--worst-dir", args.worst_dir, "dir")
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..cluster.cli import check_cluster_flags
+
     _check_timeline(args)
+    check_cluster_flags(args)
+    _check_outputs(args)
     if args.decision_cost:
         return _decision_cost(args)
     if args.server or args.engine != "sim":

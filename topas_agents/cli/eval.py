@@ -25,8 +25,9 @@ from ..errors import ConfigError
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from ..bench.options import parse_policy_list
+    from ..bench.protocol import LIMITS
     from ..integrations.metagpt.cli_support import add_common
-    from .args import positive_float, positive_int
+    from .args import int_between, positive_float, positive_int
 
     def policies(text: str) -> tuple[str, ...]:
         try:
@@ -42,7 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--policies", type=policies, default=("fcfs", "lpm", "topas"),
                    help="comma-separated policies for the embedded server (default fcfs,lpm,topas)")
     p.add_argument("--limit", type=positive_int, default=None, help="use the first N prompts")
-    p.add_argument("--tasks", type=positive_int, default=None,
+    p.add_argument("--tasks", type=int_between(*LIMITS.tasks, " (bench.protocol.Limits)"), default=None,
                    help="number of tasks (default: one per prompt; prompts are cycled)")
     p.add_argument("--trace-dir", metavar="DIR", help="write one trace per policy (DIR/<policy>.jsonl)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -57,11 +58,14 @@ def run(args: argparse.Namespace) -> int:
     from ..integrations.metagpt.cli_support import stdout_to_stderr
     from ..integrations.metagpt.environment import prepare_metagpt
     from ..integrations.metagpt.softwaredev import load_softwaredev
-    from .args import write_json
+    from .args import check_output, write_json
     from .run import client_api_key
 
     if args.plot:
         import matplotlib  # noqa: F401  (a missing [bench] extra fails now, not after the whole evaluation)
+    check_output("--json", args.json)  # every output before the evaluation, not after it
+    check_output("--plot", args.plot, "dir")
+    check_output("--trace-dir", args.trace_dir, "dir")
     prompts = load_softwaredev(args.limit)
     prepare_metagpt(args.root, log_level="INFO" if args.verbose else "ERROR")
     from ..integrations.metagpt.evaluation import EvalConfig, evaluate, format_table

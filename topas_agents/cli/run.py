@@ -116,10 +116,12 @@ async def _run(args: argparse.Namespace, url: str) -> tuple[list[Any], Any, Any]
 def run(args: argparse.Namespace) -> int:
     from ..integrations.metagpt.cli_support import stdout_to_stderr
     from ..integrations.metagpt.environment import prepare_metagpt
-    from .args import write_json
+    from .args import check_output, write_json
 
     if args.qa and args.workflow != "sop":
         raise ConfigError("--qa applies to `topas run sop` only")
+    check_output("--json", args.json)  # before the tasks run, not after
+    check_output("--trace", args.trace)
     prepare_metagpt(args.root, log_level="INFO" if args.verbose else "ERROR")
     from ..integrations.metagpt.recorder import save_trace
     from ..integrations.metagpt.server_api import embedded_server

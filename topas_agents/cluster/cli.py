@@ -9,12 +9,28 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from ..cli.args import positive_float, positive_int
 from ..errors import ConfigError
 from .routing import ROUTERS
+
+DEFAULT_TASKS_PER_REPLICA = 40
+# Flags that mean something only with --replicas (given without it they were silently ignored).
+CLUSTER_ONLY = {"router": "--router", "tasks_per_replica": "--tasks-per-replica", "scaling": "--scaling",
+                "p99_target": "--p99-target"}
+
+
+def check_cluster_flags(args: argparse.Namespace) -> None:
+    """ConfigError for a cluster-only flag given without --replicas, and for --p99-target
+    without --scaling."""
+    if not getattr(args, "replicas", None):
+        given = [flag for attr, flag in CLUSTER_ONLY.items() if getattr(args, attr, None)]
+        if given:
+            raise ConfigError(f"{given[0]} applies to the simulated cluster only: add --replicas N")
+    if getattr(args, "p99_target", None) is not None and not getattr(args, "scaling", None):
+        raise ConfigError("--p99-target applies to --scaling only")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -24,6 +40,8 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected integers like 4,8, got {text!r}") from None
     if not values or any(not 1 <= v <= 64 for v in values):
         raise argparse.ArgumentTypeError(f"replica counts must be in 1..64, got {text!r}")
+    if len(set(values)) < len(values):  # as --seeds: a repeated count would run twice
+        raise argparse.ArgumentTypeError(f"a replica count is given twice in {text!r}")
     return values
 
 
@@ -50,13 +68,13 @@ def add_cluster_bench_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--replicas", type=_ints, default=None, metavar="N[,N2...]",
                    help="run the policies on N simulated replicas (loads relative to N x one engine); "
                    "with --seeds: the paper rule per seed, then mean and 95%% CI over seeds (--jobs: seeds in parallel)")
-    g.add_argument("--router", type=_routers, default=ROUTERS, metavar="R[,R2...]",
+    g.add_argument("--router", type=_routers, default=None, metavar="R[,R2...]",
                    help=f"--replicas: routers to compare (default all: {','.join(ROUTERS)})")
-    g.add_argument("--tasks-per-replica", type=int, default=40, metavar="K",
+    g.add_argument("--tasks-per-replica", type=positive_int, default=None, metavar="K",
                    help="--replicas: tasks per run = K x replicas (default 40)")
     g.add_argument("--scaling", type=_pairs, default=(), metavar="POLICY+ROUTER[,...]",
                    help="--replicas: also the max rate under a p99 target at 1,2,4,8 replicas and scaling efficiency")
-    g.add_argument("--p99-target", type=float, default=None, metavar="S",
+    g.add_argument("--p99-target", type=positive_float, default=None, metavar="S",
                    help="--scaling: p99 JCT target in simulated seconds (default 1.5 x one replica's p99 at load 0.3)")
 
 
@@ -69,8 +87,9 @@ def run_cluster_from_args(args: argparse.Namespace) -> int:
         raise ConfigError("--replicas needs --workload NAME|PATH.yaml")
     cfg = ClusterBenchConfig(
         workflow=load_workflow(args.workload), profile=load_profile(args.profile),
-        policies=tuple(args.policies), routers=tuple(args.router), replicas=tuple(args.replicas),
-        loads=tuple(args.load or ()), tasks_per_replica=args.tasks_per_replica, seed=args.seed,
+        policies=tuple(args.policies), routers=tuple(args.router or ROUTERS), replicas=tuple(args.replicas),
+        loads=tuple(args.load or ()), tasks_per_replica=args.tasks_per_replica or DEFAULT_TASKS_PER_REPLICA,
+        seed=args.seed,
         kv_budget=args.kv_budget, policy_options=getattr(args, "policy_options", None) or {},
         scaling_pairs=tuple(args.scaling), p99_target_s=args.p99_target)
     show = not getattr(args, "no_progress", False) and sys.stderr.isatty()
@@ -85,8 +104,9 @@ def run_cluster_from_args(args: argparse.Namespace) -> int:
         doc = run_cluster_bench(cfg, progress=progress)
         table = format_cluster_table
     if getattr(args, "json", None):  # saved before anything else can fail: the runs took minutes
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        from ..cli.args import write_json
+
+        write_json(args.json, doc)
     print(table(doc))
     return 0
 

@@ -8,6 +8,7 @@ mutates the engine: engines apply the returned Decision.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -73,7 +74,25 @@ def make_policy(name: str, options: Mapping[str, Any] | None = None) -> Policy:
         raise ConfigError(f"unknown policy '{name}' (known: {', '.join(_REGISTRY)})")
     module, attr = _REGISTRY[name].split(":")
     factory = getattr(importlib.import_module(module), attr)
+    _check_option_names(name, factory, options or {})
     return factory(**dict(options or {}))
+
+
+def _check_option_names(name: str, factory: Any, options: Mapping[str, Any]) -> None:
+    """ConfigError naming the policy's options when `options` holds one its factory does not
+    take (a factory with **options validates its own, as Topas's do). Without it an unknown
+    option was a TypeError traceback out of `topas serve` or the SGLang plugin."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: the factory's own error stands
+        return
+    if not options or any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    known = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ConfigError(f"policy '{name}' has no option '{unknown[0]}' "
+                          f"(its options: {', '.join(known) if known else 'none'})")
 
 
 def make_live_policy(name: str, options: Mapping[str, Any] | None = None) -> Policy:

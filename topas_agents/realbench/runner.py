@@ -25,15 +25,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..costmodel import Profile, load_profile
+from ..errors import ConfigError
 from ..workflow import TaskPlan, Workflow, load_workflow, parse_workflow
 from .client import Call, TaskResult, agent_prompt, run_tasks, words
 from .engine import LaunchedServer, scaled_workflow, start_sglang
@@ -122,10 +121,17 @@ def summarize(results: Sequence[TaskResult | BaseException], n: int, log: dict[s
 
 
 async def _model_id(base_url: str) -> str:
+    """The server's first model id; ConfigError (one line, exit 2) when it cannot be reached or
+    does not answer `/models` like an OpenAI-compatible server, before any task is sent."""
     import httpx
 
-    async with httpx.AsyncClient(timeout=30) as c:
-        return (await c.get(f"{base_url}/models")).json()["data"][0]["id"]
+    try:
+        async with httpx.AsyncClient(timeout=30) as c:
+            return (await c.get(f"{base_url}/models")).json()["data"][0]["id"]
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ConfigError(f"{base_url}/models did not answer with an OpenAI model list") from None
 
 
 def run_once(base_url: str, args: argparse.Namespace, tasks: list[TaskPlan],
@@ -145,6 +151,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         raise SystemExit("realbench: need 0 < --scale <= 1, --tasks >= 1, --rate > 0")
     if args.engine and not args.model_path:
         raise SystemExit("realbench: --engine sglang needs --model-path DIR")
+    from ..cli.args import check_output
+
+    check_output("--json", args.json)
     if args.engine:
         from ..server.sglang.config import require_sglang
 
@@ -159,6 +168,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     real_jcts: dict[str, dict[str, float]] = {}  # policy -> task id -> client JCT
     if args.server:
         url = args.server.rstrip("/")
+        model = asyncio.run(_model_id(url))  # reachable before anything else runs
+        args.model = args.model or model
         profile = profile or (_calibrate(url, args.kv_tokens, measured) if args.sim else None)
         results = run_once(url, args, tasks, wpt)
         out["server"] = summarize(results, args.tasks, None)
@@ -184,7 +195,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         if measured:
             doc["calibration"] = measured
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=2))
+        from ..cli.args import write_json
+
+        write_json(args.json, doc)
     return 0 if all(r.tasks_completed == r.tasks for r in out.values()) else 1
 
 

@@ -8,6 +8,7 @@ Factories and the CLI pass options as keyword arguments whose values may be stri
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -128,10 +129,10 @@ def _convert(name: str, value: Any, limits: dict[str, tuple[type, float, float |
             out: Any = int(num)
         else:
             out = float(value)
-            if out != out:  # NaN
+            if not math.isfinite(out):  # NaN, or inf: no option means anything at infinity
                 raise ValueError
     except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"topas option '{name}' must be {kind.__name__}, got {value!r}") from None
+        raise ConfigError(f"topas option '{name}' must be {'a finite number' if kind is float else 'an integer'}, got {value!r}") from None
     if out < lo or (hi is not None and out > hi):
         bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         raise ConfigError(f"topas option '{name}' must be {bound}, got {value!r}")
