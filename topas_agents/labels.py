@@ -122,12 +122,16 @@ def header_text(value: str) -> str:
         return value
 
 
+def header_fields(headers: Mapping[str, str]) -> dict[str, str]:
+    """The label fields present in X-Topas-* headers (case-insensitive), as the client sent
+    them (`header_text`), not yet validated."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    return {field: header_text(lowered[h.lower()]) for field, h in HEADERS.items() if h.lower() in lowered}
+
+
 def label_from_headers(headers: Mapping[str, str]) -> Label | None:
-    lowered = {k.lower(): header_text(v) for k, v in headers.items() if k.lower().startswith("x-topas-")}
-    values = {k: lowered.get(h.lower()) for k, h in HEADERS.items()}
-    if all(v is None for v in values.values()):
-        return None
-    return label_from_mapping({k: v for k, v in values.items() if v is not None})
+    fields = header_fields(headers)
+    return label_from_mapping(fields) if fields else None
 
 
 def parse_label(body: Mapping[str, Any] | None, headers: Mapping[str, str] | None = None) -> Label | None:

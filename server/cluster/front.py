@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from topas_agents.labels import BODY_KEY, HEADERS, header_text
+from topas_agents.labels import BODY_KEY, header_fields
 
 from .aggregate import (
     ReplicaAnswer,
@@ -48,8 +48,7 @@ def lift_label(body: dict[str, Any], headers: Mapping[str, str]) -> Any:
     X-Topas-* headers and written into the body (validated by the replica, as before)."""
     if body.get(BODY_KEY) is not None:
         return body[BODY_KEY]
-    lowered = {k.lower(): v for k, v in headers.items()}
-    from_headers = {field: header_text(lowered[h.lower()]) for field, h in HEADERS.items() if h.lower() in lowered}
+    from_headers = header_fields(headers)
     if from_headers:
         body[BODY_KEY] = from_headers
         return from_headers

@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..cli.args import positive_float, positive_int
+from ..cli.args import positive_float, positive_int, write_json
 from ..errors import ConfigError
 from .routing import ROUTERS
 
@@ -104,8 +104,6 @@ def run_cluster_from_args(args: argparse.Namespace) -> int:
         doc = run_cluster_bench(cfg, progress=progress)
         table = format_cluster_table
     if getattr(args, "json", None):  # saved before anything else can fail: the runs took minutes
-        from ..cli.args import write_json
-
         write_json(args.json, doc)
     print(table(doc))
     return 0
