@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -181,13 +182,14 @@ def test_a_missing_optional_dependency_names_the_extra(monkeypatch, capsys):
     assert "pip install 'topas-agents[bench]'" in capsys.readouterr().err
 
 
-class _ParserStub:
+class _ParserStub(argparse.ArgumentParser):
+    """A parser whose every parse yields a `bench` command running `run`."""
+
     def __init__(self, run):
+        super().__init__()
         self.run = run
 
-    def parse_args(self, argv):
-        import argparse
-
+    def parse_args(self, args=None, namespace=None):
         return argparse.Namespace(command="bench", run=self.run)
 
 
@@ -225,3 +227,44 @@ def test_run_and_eval_outputs_are_checked_before_any_task(argv, files, monkeypat
     assert main(_fmt(argv, files)) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "is a file, not a directory" in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--workload", "chain3", "--scale", "0.1"], "--scale has no effect with the simulated"),
+    (["--workload", "chain3", "--sim"], "--sim has no effect with the simulated"),
+    (["--workload", "chain3", "--workflows", "3"], "--workflows has no effect with the simulated"),
+    (["--workload", "chain3", "--suite-seed", "3"], "--suite-seed has no effect"),
+    (["--suite", "random", "--rate", "0.5"], "--rate has no effect with --suite (use --load"),
+    (["--suite", "random", "--plot", "x.png"], "--plot has no effect with --suite"),
+    (["--workload", "chain3", "--replicas", "2", "--tasks", "10"], "(use --tasks-per-replica)"),
+    (["--workload", "chain3", "--replicas", "2", "--host-tier", "all"], "--host-tier has no effect with --replicas"),
+    (["--decision-cost", "--workload", "chain3"], "--workload has no effect with --decision-cost"),
+    (["--server", "http://127.0.0.1:9/v1", "--seeds", "0,1"], "--seeds has no effect with a real engine"),
+    (["--server", "http://127.0.0.1:9/v1", "--policy-opt", "topas.rho=2"], "--policy-opt has no effect"),
+    (["--server", "http://127.0.0.1:9/v1", "--rate", "0.1,0.2"], "one --rate"),
+])
+def test_a_flag_the_bench_mode_ignores_is_an_error(argv, message, capsys):
+    """A flag that would be silently ignored in the mode the bench runs in is a one-line
+    error (exit 2) naming it, before anything runs or connects."""
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["--workload", "chain3", "--engine", "sim"],  # the default, named
+    ["--workload", "chain3", "--seed", "0", "--no-progress", "--kv-budget", "20000"],
+    ["--suite", "random", "--workflows", "3", "--suite-seed", "2", "--seeds", "1,2", "--protocol", "paper"],
+    ["--workload", "chain3", "--replicas", "2", "--tasks-per-replica", "5", "--seeds", "0,1", "--jobs", "2"],
+    ["--decision-cost", "--policies", "topas", "--profile", "h200-qwen2.5-32b", "--seed", "1"],
+    ["--server", "http://127.0.0.1:9/v1", "--workload", "chain3", "--tasks", "2", "--rate", "0.3", "--sim"],
+])
+def test_flags_each_bench_mode_reads_pass_the_check(argv):
+    from topas_agents.cli import build_parser
+    from topas_agents.cli.args import given_options
+    from topas_agents.cli.bench_modes import check_mode_flags
+
+    args = build_parser("bench").parse_args(["bench", *argv])
+    args.given = given_options(build_parser("bench"), ["bench", *argv])
+    assert args.given == {a for a in argv if a.startswith("--")}
+    check_mode_flags(args)  # raises ConfigError if a flag the mode reads were refused

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import TopasError
+from .args import given_options
 
 # subcommand -> module (imported lazily so `topas bench` never imports the server stack)
 SUBCOMMANDS = {
@@ -79,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "command", None):
             build_parser().print_help()
             return 2
+        args.given = given_options(build_parser(only), argv)  # which flags were set, not defaulted
         return int(args.run(args) or 0)
     except TopasError as exc:
         print(f"error: {exc}", file=sys.stderr)

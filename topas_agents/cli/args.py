@@ -7,7 +7,7 @@ import argparse
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -98,3 +98,25 @@ def check_output(flag: str, path: str | Path | None, kind: Literal["file", "dir"
         raise ConfigError(f"{flag} {path}: is a directory")
     if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise ConfigError(f"{flag} {path}: cannot write: permission denied")
+
+
+def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> frozenset[str]:
+    """The options `argv` names explicitly (each by its first long flag, e.g. "--scale"), told
+    apart from defaults by parsing `argv` again with `parser` (a fresh copy of the one used)
+    whose defaults are all suppressed: an option absent from the result was not given. A flag
+    given with its default value counts as given (it is still meant to apply)."""
+    flags: dict[str, str] = {}
+    pending = [parser]
+    while pending:
+        p = pending.pop()
+        p.set_defaults(**{k: argparse.SUPPRESS for k in p._defaults})  # noqa: SLF001 - argparse keeps no public list
+        for action in p._actions:  # noqa: SLF001
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+                pending.extend(action.choices.values())
+                continue
+            if action.option_strings:
+                action.default = argparse.SUPPRESS
+                longs = [s for s in action.option_strings if s.startswith("--")]
+                flags[action.dest] = (longs or action.option_strings)[0]
+    namespace = parser.parse_args(list(argv))
+    return frozenset(flags[dest] for dest in vars(namespace) if dest in flags)

@@ -32,6 +32,7 @@ from ..costmodel import DEFAULT_PROFILE, load_profile
 from ..errors import ConfigError
 from ..policies import BASELINES, available_policies
 from .args import check_output, non_negative_int, positive_int, write_json
+from .bench_modes import check_mode_flags
 
 DEFAULT_POLICIES = ",".join((*BASELINES, "topas"))
 MICROBENCH = "topas_agents.bench.microbench"
@@ -263,6 +264,7 @@ def run(args: argparse.Namespace) -> int:
 
     _check_timeline(args)
     check_cluster_flags(args)
+    check_mode_flags(args)
     _check_outputs(args)
     if args.decision_cost:
         return _decision_cost(args)

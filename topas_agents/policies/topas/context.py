@@ -146,7 +146,8 @@ class Context:
     _min_kv: dict[str, int] = field(default_factory=dict)
     _load: dict[str, tuple[float, bool]] = field(default_factory=dict)
     _preempt_cost: dict[str, float] = field(default_factory=dict)
-    _shut_out: dict[str, tuple[int, float]] = field(default_factory=dict)  # see occupancy.py
+    _shut_out_kv: dict[str, int] = field(default_factory=dict)  # see occupancy.py
+    _shut_out_weight: dict[str, float] = field(default_factory=dict)
     reservation: Reservation | None = None  # EASY backfilling of the head (occupancy.py)
     _by_rid: dict[str, RequestView] | None = None  # waiting requests by rid, built on first use
 
@@ -246,9 +247,10 @@ class Context:
                         item.gain = task.progress1(item.col, item.delta)
                 else:
                     item.gain = item.delta
-            item.prio = priority(task.g, item.gain, req.kv_tokens, kv_exp)
+            # priority(), inlined at the default kv_exp 0: this loop runs per waiting request
+            item.prio = priority(task.g, item.gain, req.kv_tokens, kv_exp) if kv_exp else task.g * item.gain
             items.append(item)
-        items.sort(key=lambda it: (-it.prio, it.req.task_arrival_s, it.req.arrival_s, it.req.rid))
+        items.sort(key=_candidate_order)
         for i, it in enumerate(items):
             it.order = i
         self._cands[agent] = items
@@ -273,7 +275,9 @@ class Context:
     def remaining(self, req: RequestView) -> float:
         hit = self.caches.remaining.get(req.rid)
         # engines reuse the view object of an unchanged request: identity validates the entry
-        remaining = hit.seconds if hit is not None and hit.view is req else remaining_service_s(req, self.snap)
+        if hit is not None and hit.view is req:
+            return hit.seconds
+        remaining = remaining_service_s(req, self.snap)
         self.caches.remaining[req.rid] = Remaining(req, remaining)
         return remaining
 
@@ -326,12 +330,44 @@ class Context:
             g *= (self.age_scale_s / max(work, 1e-3 * self.age_scale_s)) ** self.cfg.size_weight
         return TaskState(view, wf, model, paths, done, g, task)
 
+    def _carried_idle(self, req: RequestView) -> TaskCtx | None:
+        """The previous decision's TaskCtx of an idle task (nothing of it running, now or
+        then) whose view object is unchanged, its weight refreshed; None otherwise. What
+        `task` would do for it, without rebuilding its state: the same view, model and
+        horizon select the same path matrix (`_task_state`), and no running request means
+        the same (empty) running key. Most waiting tasks are such tasks, every decision."""
+        task = self.caches.tasks.get(req.task_id)
+        if task is None or task.running_key or task.paths is None or task.horizon_s != self.horizon_s \
+                or req.task_id in self.running_by_task:
+            return None
+        view = self.views.get(req.task_id)
+        wf = task.wf
+        if view is None or task.view is not view or req.workflow != wf.name \
+                or self.snap.workflows.get(req.workflow) is not wf or not wf.has_stage(req.stage):
+            return None
+        model = self.models.get(wf.name)
+        if model is None:
+            model = self.models[wf.name] = self.paths.model(wf, self.snap.profile)
+        if task.model is not model:
+            return None
+        g = aging(self.snap.now - view.arrival_s, self.age_scale_s, self.cfg.rho)
+        if self.cfg.size_weight > 0.0:  # as in _task_state
+            work = task.paths.work
+            g *= (self.age_scale_s / max(work, 1e-3 * self.age_scale_s)) ** self.cfg.size_weight
+        task.g = g
+        task._run_value = None
+        self.tasks[req.task_id] = task
+        return task
+
     def task(self, req: RequestView) -> TaskCtx:
         """The task of `req` (valued once per decision). The TaskCtx of the previous decision
         is carried over, with only its weight refreshed, while its path matrix (same object),
         the horizon and its running requests' (rid, delta, pinned) are unchanged: its base,
         running items (their views updated) and its waiting items' gains then still hold."""
         task = self.tasks.get(req.task_id)
+        if task is not None:
+            return task
+        task = self._carried_idle(req)
         if task is not None:
             return task
         view, wf, model, paths, done, g, task = self._task_state(req)
@@ -359,6 +395,12 @@ class Context:
             if item.col >= 0:
                 task.base = task.base | {item.red}
         return task
+
+
+def _candidate_order(it: Item) -> tuple[float, float, float, str]:
+    """Best priority first; ties by task arrival, request arrival, then rid."""
+    req = it.req
+    return -it.prio, req.task_arrival_s, req.arrival_s, req.rid
 
 
 def _running_key(req: RequestView, delta: float, horizon_s: float, wf: Workflow | None) -> tuple[str, float, bool]:

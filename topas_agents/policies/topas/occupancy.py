@@ -115,14 +115,22 @@ def uses_spare(ctx: Context, item: Item) -> bool:
     return res is not None and item.req.rid != res.rid and ctx.remaining(item.req) > res.start_s
 
 
-def _shut_out(ctx: Context, agent: str) -> tuple[int, float]:
-    """(KV of `agent`'s smallest waiting request, its waiting tasks' weights)."""
-    hit = ctx._shut_out.get(agent)
+def _shut_out_kv(ctx: Context, agent: str) -> int:
+    """KV of `agent`'s smallest waiting request."""
+    hit = ctx._shut_out_kv.get(agent)
     if hit is None:
-        reqs = ctx.waiting.get(agent, ())
+        hit = ctx._shut_out_kv[agent] = min((r.kv_tokens for r in ctx.waiting.get(agent, ())), default=0)
+    return hit
+
+
+def _shut_out_weight(ctx: Context, agent: str) -> float:
+    """The summed weights of `agent`'s waiting tasks (valued only for an agent shut out of
+    some state: most agents fit, and their tasks need no valuation here)."""
+    hit = ctx._shut_out_weight.get(agent)
+    if hit is None:
         valued = ctx.tasks
-        weights = {r.task_id: (valued.get(r.task_id) or ctx.task(r)).g for r in reqs}
-        hit = ctx._shut_out[agent] = (min((r.kv_tokens for r in reqs), default=0), sum(weights.values()))
+        weights = {r.task_id: (valued.get(r.task_id) or ctx.task(r)).g for r in ctx.waiting.get(agent, ())}
+        hit = ctx._shut_out_weight[agent] = sum(weights.values())
     return hit
 
 
@@ -135,13 +143,13 @@ def stranded_cost(ctx: Context, result: PackResult, free: int) -> float:
     for it in result.admits:
         admitted[it.req.agent] = admitted.get(it.req.agent, 0) + 1
     for agent, reqs in ctx.waiting.items():
-        need, w = _shut_out(ctx, agent)
+        need = _shut_out_kv(ctx, agent)
         resident = agent in result.agents
         if not resident:
             need += ctx.tokens[agent]  # it would also need its prefix
         if need <= free or (resident and admitted.get(agent, 0) == len(reqs)):
             continue  # it fits, or nothing of it is left waiting
-        weight += w
+        weight += _shut_out_weight(ctx, agent)
     if weight <= 0.0:
         return 0.0
     longest = max(ctx.remaining(it.req) for it in result.admits)
