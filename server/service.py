@@ -18,6 +18,7 @@ from typing import Any
 
 from ..engine import Engine, RequestFactory
 from ..errors import TaskError, TopasError
+from ..policies import close_policy
 from ..task_tracker import Action, StageDoneAction, TaskTracker
 from ..workflow import Workflow
 from .api_errors import ApiError, bad_request, from_task_error, shutting_down
@@ -67,6 +68,7 @@ class SimService:
     async def stop(self) -> None:
         await self.drain(0.0)
         await self.loop.stop()
+        close_policy(self.engine.policy)  # the guard's forecast worker would hold the exit
 
     async def drain(self, timeout_s: float) -> None:
         """Refuse new calls (503), let in-flight ones finish for `timeout_s`, fail the rest."""

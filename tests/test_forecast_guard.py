@@ -3,12 +3,14 @@ switching rule, and that it is Topas, decision for decision, while no forecast s
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from topas_agents.costmodel import load_profile
 from topas_agents.errors import ConfigError
+from topas_agents.policies import close_policy, make_live_policy, make_policy
 from topas_agents.policies import forecast as fc
-from topas_agents.policies import make_live_policy, make_policy
 from topas_agents.sim.driver import make_trace, simulate
 from topas_agents.workflow import load_workflow as builtin_workflow
 
@@ -16,24 +18,24 @@ PROFILE = load_profile("a100-80g-qwen2.5-32b")
 
 
 def test_options_are_validated_and_split():
-    guard = make_policy("topas-guard", {"forecast_margin": "0.1", "forecast_seeds": "5,6", "beta": "0.5"})
+    guard = make_policy("topas", {"forecast_margin": "0.1", "forecast_seeds": "5,6", "beta": "0.5"})
     assert guard.config.margin == 0.1 and guard.config.seeds == (5, 6)
     assert guard.topas.config.beta == 0.5  # the rest goes to Topas
     with pytest.raises(ConfigError, match="forecast margin"):
-        make_policy("topas-guard", {"forecast_margin": "1.5"})
+        make_policy("topas", {"forecast_margin": "1.5"})
     with pytest.raises(ConfigError, match="forecast option 'tasks'"):
-        make_policy("topas-guard", {"forecast_tasks": "many"})
+        make_policy("topas", {"forecast_tasks": "many"})
     with pytest.raises(ConfigError, match="unknown policy 'nope'"):
-        make_policy("topas-guard", {"forecast_candidates": "lpm,nope"})
+        make_policy("topas", {"forecast_candidates": "lpm,nope"})
     with pytest.raises(ConfigError, match="unknown topas option"):
-        make_policy("topas-guard", {"bogus": "1"})
+        make_policy("topas", {"bogus": "1"})
 
 
 def test_live_engines_forecast_in_the_background():
-    assert make_live_policy("topas-guard").config.mode == "background"
-    assert make_policy("topas-guard").config.mode == "inline"  # benches stay deterministic
+    assert make_live_policy("topas").config.mode == "background"
+    assert make_policy("topas").config.mode == "inline"  # benches stay deterministic
     with pytest.raises(ConfigError, match="needs forecast_mode=background"):
-        make_live_policy("topas-guard", {"forecast_mode": "inline"})
+        make_live_policy("topas", {"forecast_mode": "inline"})
     assert make_live_policy("lpm").name == "lpm"
 
 
@@ -71,10 +73,10 @@ def test_arrivals_checkpoints_double_and_rates_are_estimated(monkeypatch):
         return {p: 1.0 for p in job.policies}
 
     monkeypatch.setattr(fc, "run_forecast", fake_scores)
-    guard = make_policy("topas-guard")
+    guard = make_policy("topas")
     _run(guard, tasks=20)
     assert [f.arrivals for f in guard.history] == [8, 16]  # first = 8, growth 2, 20 tasks
-    assert all(f.chosen == "topas" for f in guard.history)  # ties never switch
+    assert all(f.chosen == "topas-core" for f in guard.history)  # ties never switch
     (names, rates) = seen[0]
     assert names == ["chain3"] and rates["chain3"].gaps == 7 and rates["chain3"].per_s > 0
 
@@ -86,28 +88,28 @@ def test_switch_needs_the_margin_and_is_reversible(monkeypatch):
         return {p: 1.0 for p in job.policies} | next(script)
 
     monkeypatch.setattr(fc, "run_forecast", fake_scores)
-    guard = make_policy("topas-guard", {"forecast_first": "4"})
+    guard = make_policy("topas", {"forecast_first": "4"})
     _run(guard, tasks=16)
     # 0.98 is inside the 3% margin: stay; 0.9 switches to LPM; then Topas at 1.0 < 1.2 x 0.97
-    assert [f.chosen for f in guard.history] == ["topas", "lpm", "topas"]
+    assert [f.chosen for f in guard.history] == ["topas-core", "lpm", "topas-core"]
     assert guard.active is guard.topas
 
 
 def test_guard_is_topas_while_topas_is_chosen(monkeypatch):
     monkeypatch.setattr(fc, "run_forecast", lambda job: {p: 1.0 for p in job.policies})
-    plain = _run(make_policy("topas"), load_rate=0.08)
-    guarded = _run(make_policy("topas-guard"), load_rate=0.08)
+    plain = _run(make_policy("topas-core"), load_rate=0.08)
+    guarded = _run(make_policy("topas"), load_rate=0.08)
     assert [t.jct_s for t in guarded.tasks] == [t.jct_s for t in plain.tasks]
 
 
 def test_forecast_scores_rank_simulated_schedules():
     """Real forecasts: Topas scores 1 by construction and every candidate gets a finite score."""
-    guard = make_policy("topas-guard", {"forecast_seeds": "0", "forecast_tasks": "8",
+    guard = make_policy("topas", {"forecast_seeds": "0", "forecast_tasks": "8",
                                         "forecast_candidates": "lpm,fcfs"})
     run = _run(guard, load_rate=0.08, tasks=12)
     assert len(run.tasks) == 12
     (first, *_) = guard.history
-    assert first.scores["topas"] == 1.0 and set(first.scores) == {"topas", "lpm", "fcfs"}
+    assert first.scores["topas-core"] == 1.0 and set(first.scores) == {"topas-core", "lpm", "fcfs"}
     assert all(0.0 < v < float("inf") for v in first.scores.values())
     assert guard.active_name == guard.history[-1].chosen
 
@@ -118,27 +120,27 @@ def test_scores_combined_and_regret_on_hand_computed_runs():
     regret: each metric's ratio to the best candidate (lpm, parrot), averaged over traces,
     then the larger of the two."""
     inf = float("inf")
-    runs = [{"topas": (100.0, 200.0), "lpm": (90.0, 240.0), "parrot": (110.0, 180.0)},
-            {"topas": (100.0, 200.0), "lpm": (80.0, 220.0), "parrot": (inf, inf)}]
-    combined = fc._combined_scores(runs, "topas")
-    assert combined["topas"] == 1.0
+    runs = [{"topas-core": (100.0, 200.0), "lpm": (90.0, 240.0), "parrot": (110.0, 180.0)},
+            {"topas-core": (100.0, 200.0), "lpm": (80.0, 220.0), "parrot": (inf, inf)}]
+    combined = fc._combined_scores(runs, "topas-core")
+    assert combined["topas-core"] == 1.0
     assert combined["lpm"] == pytest.approx(((0.9 + 1.2) / 2 + (0.8 + 1.1) / 2) / 2)
     assert combined["parrot"] == inf
     regret = fc._regret_scores(runs, ("lpm", "parrot"))
     # trace 1: best mean 90 (lpm), best p99 180 (parrot); trace 2: 80 and 220 (lpm; parrot failed).
-    assert regret["topas"] == pytest.approx(max((100 / 90 + 100 / 80) / 2, (200 / 180 + 200 / 220) / 2))
+    assert regret["topas-core"] == pytest.approx(max((100 / 90 + 100 / 80) / 2, (200 / 180 + 200 / 220) / 2))
     assert regret["lpm"] == pytest.approx(max(1.0, (240 / 180 + 1.0) / 2))
     assert regret["parrot"] == inf
     # Every candidate failed on a trace: its reference is the best run there (topas).
-    assert fc._regret_scores([{"topas": (10.0, 20.0), "lpm": (inf, inf)}], ("lpm",))["topas"] == 1.0
+    assert fc._regret_scores([{"topas-core": (10.0, 20.0), "lpm": (inf, inf)}], ("lpm",))["topas-core"] == 1.0
     with pytest.raises(ConfigError, match="forecast score"):
-        make_policy("topas-guard", {"forecast_score": "best"})
-    assert make_policy("topas-guard", {"forecast_score": "regret"}).config.score == "regret"
+        make_policy("topas", {"forecast_score": "best"})
+    assert make_policy("topas", {"forecast_score": "regret"}).config.score == "regret"
 
 
 def test_background_forecast_lands_at_a_later_decision():
     """A real worker process: the run goes on while it simulates; its scores apply later."""
-    guard = make_policy("topas-guard", {"forecast_mode": "background", "forecast_seeds": "0",
+    guard = make_policy("topas", {"forecast_mode": "background", "forecast_seeds": "0",
                                         "forecast_tasks": "6", "forecast_candidates": "lpm"})
     run = _run(guard, load_rate=0.08, tasks=10)
     assert len(run.tasks) == 10 and guard.errors == []
@@ -149,13 +151,32 @@ def test_background_forecast_lands_at_a_later_decision():
     # submitted at the 8th arrival (7 gaps); applied at the second run's first decision, whose
     # task (an id of the first run, no longer live) is an 11th arrival
     assert landed.rates["chain3"].gaps == 7 and landed.arrivals == 11
-    assert set(landed.scores) == {"topas", "lpm"} and landed.scores["topas"] == 1.0
+    assert set(landed.scores) == {"topas-core", "lpm"} and landed.scores["topas-core"] == 1.0
+
+
+def test_close_stops_a_forecast_in_flight():
+    """An engine done with the policy stops its worker, a long forecast in flight included
+    (otherwise the interpreter waits for that forecast at exit)."""
+    guard = make_policy("topas", {"forecast_mode": "background", "forecast_tasks": "5000",
+                                  "forecast_candidates": "lpm"})
+    _run(guard, load_rate=0.08, tasks=10)
+    assert guard._pending is not None and not guard._pending.future.done()
+    workers = list(guard._pool._processes.values())
+    assert workers and all(w.is_alive() for w in workers)
+    started = time.monotonic()
+    guard.close()
+    for w in workers:
+        w.join(timeout=30)
+    assert not any(w.is_alive() for w in workers) and time.monotonic() - started < 30
+    assert guard._pool is None and guard._pending is None
+    close_policy(guard)  # twice is harmless, as is closing a policy that holds nothing
+    close_policy(make_policy("lpm"))
 
 
 def test_serve_rejects_an_inline_guard_with_one_line(capsys):
     from topas_agents.cli import main
 
-    assert main(["serve", "--engine", "sim", "--policy", "topas-guard", "--policy-opt", "forecast_mode=inline",
+    assert main(["serve", "--engine", "sim", "--policy", "topas", "--policy-opt", "forecast_mode=inline",
                  "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert "needs forecast_mode=background" in err and err.count("\n") == 1

@@ -37,7 +37,7 @@ def test_critical_request_is_admitted_before_the_off_critical_one():
     wc = req("t/c", "t", "c", "C", wf="diamond", prefix=1024, inp=256, out=64)
     s = snap(budget=2048 + 320 + 100, waiting=[wc, wb], prefixes={"B": (1024, "gpu"), "C": (1024, "gpu")},
              tasks=[task("t", "diamond", done={"a"})], workflows=(DIAMOND,), events=events)
-    assert _decide(make_policy("topas"), s).admit == ("t/b",)  # b (10 s) is the critical branch
+    assert _decide(make_policy("topas-core"), s).admit == ("t/b",)  # b (10 s) is the critical branch
 
 
 def test_prefix_grouping_beats_mixing_agents():
@@ -47,7 +47,7 @@ def test_prefix_grouping_beats_mixing_agents():
     tasks = [task(f"t{i}", arrival=-1.0) for i in range(6)] + [task("u", arrival=-1.0, done={"s1"})]
     s = snap(budget=9000, waiting=waiting, tasks=tasks,
              prefixes={"a": (4096, "gpu"), "b": (4096, "cpu"), "c": (4096, "cpu")})
-    d = _decide(make_policy("topas"), s)
+    d = _decide(make_policy("topas-core"), s)
     assert sorted(d.admit) == [f"t{i}/s1" for i in range(6)]
     assert d.prefix_in == () and d.prefix_out == () and d.preempt == ()
 
@@ -73,7 +73,7 @@ def test_j_admit_and_j_move_in_the_pack_scores():
 
 
 def test_preemption_prices_redo_and_revokes_credit():
-    policy = make_policy("topas")
+    policy = make_policy("topas-core")
     young = req("y/s1", "y", "s1", "b", wf="chain3", arrival=0.0, task_arrival=0.0)
     # 1. admit the young request: its admission credit is stored
     s1 = snap(now=0.0, budget=8000, waiting=[young], tasks=[task("y")], prefixes={"a": (4096, "cpu"),
@@ -102,7 +102,7 @@ def test_preemption_prices_redo_and_revokes_credit():
     policy.decide(s3)
     assert not any(f"o{i}/s3" in policy.credits for i in range(5))
     # with preemption disabled the same state admits nothing
-    assert _decide(make_policy("topas", {"k_preempt": 0}), s2) == NOOP
+    assert _decide(make_policy("topas-core", {"k_preempt": 0}), s2) == NOOP
 
 
 def test_v_reuse_loads_the_prefixes_a_fork_is_about_to_need():
@@ -111,7 +111,7 @@ def test_v_reuse_loads_the_prefixes_a_fork_is_about_to_need():
     # s_a has attained its whole expected service: its children are about to be released
     s = snap(running=[running], tasks=[task("t", "dag4", active=[("s_a", prior)])], workflows=(DAG4,),
              prefixes={"a": (4096, "gpu"), "b": (4096, "cpu"), "c": (4096, "cpu"), "d": (4096, "cpu")})
-    d = _decide(make_policy("topas"), s)
+    d = _decide(make_policy("topas-core"), s)
     assert d.prefix_in == ("b", "c") and d.admit == () and d.preempt == ()  # both fork children, not d
     assert make_policy("topas-noreuse").decide(s) == NOOP
     assert make_policy("topas-base").decide(s) == NOOP
@@ -123,10 +123,10 @@ def test_v_reuse_join_only_when_its_other_predecessors_are_done():
     prefixes = {"a": (4096, "cpu"), "b": (4096, "gpu"), "c": (4096, "cpu"), "d": (4096, "cpu")}
     half = snap(running=[running], tasks=[task("t", "dag4", done={"s_a"}, active=[("s_b", prior)])],
                 workflows=(DAG4,), prefixes=prefixes)
-    assert make_policy("topas").decide(half) == NOOP  # s_c still pending: d is not released
+    assert make_policy("topas-core").decide(half) == NOOP  # s_c still pending: d is not released
     full = snap(running=[running], tasks=[task("t", "dag4", done={"s_a", "s_c"}, active=[("s_b", prior)])],
                 workflows=(DAG4,), prefixes=prefixes)
-    assert _decide(make_policy("topas"), full).prefix_in == ("d",)
+    assert _decide(make_policy("topas-core"), full).prefix_in == ("d",)
 
 
 def test_aging_lets_an_old_task_overtake_a_denser_young_one():
@@ -137,7 +137,7 @@ def test_aging_lets_an_old_task_overtake_a_denser_young_one():
     # the aging term alone: no head reservation (the old task's request has waited 300 s) and no
     # rival states (Parrot's oldest-first state scores the same and would win the tie)
     alone = {"backfill": "0", "rivals": "0"}
-    assert _decide(make_policy("topas", alone), s).admit == ("o/s1",)
+    assert _decide(make_policy("topas-core", alone), s).admit == ("o/s1",)
     # without aging, the knapsack-density order (kv_exp = 1) prefers fewer KV tokens per progress
     assert _decide(make_policy("topas-noaging", {"kv_exp": "1", **alone}), s).admit == ("y/s1",)
     ctx = _context(s)
@@ -150,12 +150,12 @@ def test_aging_lets_an_old_task_overtake_a_denser_young_one():
 def test_unlabelled_requests_are_one_stage_tasks():
     waiting = [req(f"u{i}", f"u{i}", "call", "anon", wf=None, prefix=0, inp=300, out=100) for i in range(3)]
     s = snap(budget=1000, waiting=waiting, prefixes={})
-    d = _decide(make_policy("topas"), s)
+    d = _decide(make_policy("topas-core"), s)
     assert len(d.admit) == 2  # 2 x 400 tokens fit, 3 do not
 
 
 def test_no_waiting_and_nothing_running_is_a_noop():
-    assert make_policy("topas").decide(snap(prefixes={"a": (4096, "gpu")})) == NOOP
+    assert make_policy("topas-core").decide(snap(prefixes={"a": (4096, "gpu")})) == NOOP
 
 
 def test_same_snapshot_sequence_same_decisions():
@@ -195,7 +195,7 @@ def test_v_reuse_never_prefetches_by_recompute():
     s = snap(running=[running], tasks=[task("t", "dag4", active=[("s_a", prior)])], workflows=(DAG4,),
              prefixes={"a": (4096, "gpu"), "b": (4096, "none"), "c": (4096, "none"), "d": (4096, "none")},
              profile=replace(PROFILE, host_tier=False))
-    assert make_policy("topas").decide(s) == NOOP  # a speculative recompute would stall the batch
+    assert make_policy("topas-core").decide(s) == NOOP  # a speculative recompute would stall the batch
 
 
 def test_default_fill_order_ignores_the_kv_reservation():

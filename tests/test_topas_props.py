@@ -22,7 +22,7 @@ from topas_agents.snapshot import (
 from topas_agents.workflow import load_workflow
 
 WORKFLOWS = (CHAIN3, DAG4, load_workflow("dag10wide"))
-POLICIES = ("topas", "topas-base", "topas-noreuse", "topas-noaging")
+POLICIES = ("topas-core", "topas-base", "topas-noreuse", "topas-noaging")
 
 
 @st.composite
@@ -92,7 +92,7 @@ def test_decision_is_applicable_and_within_budget(s, name, options):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(snapshots(), min_size=2, max_size=5))
 def test_a_stateful_policy_stays_valid_and_deterministic(seq):
-    a, b = make_policy("topas"), make_policy("topas")
+    a, b = make_policy("topas-core"), make_policy("topas-core")
     for s in seq:
         da, db = a.decide(s), b.decide(s)
         check_decision(s, da)

@@ -126,12 +126,13 @@ def test_config_is_frozen_and_slotted():
 
 
 def test_ablation_factories_differ_as_specified():
-    full = make_policy("topas")
+    full = make_policy("topas-core")
     base = make_policy("topas-base")
     noreuse = make_policy("topas-noreuse")
     noaging = make_policy("topas-noaging")
-    assert (full.name, base.name, noreuse.name, noaging.name) == ("topas", "topas-base", "topas-noreuse",
+    assert (full.name, base.name, noreuse.name, noaging.name) == ("topas-core", "topas-base", "topas-noreuse",
                                                                   "topas-noaging")
+    assert make_policy("topas").topas.config == full.config  # the recommended policy guards this core
     assert full.config.beta > 0 and full.config.rho > 0
     assert base.config.beta == 0 and base.config.rho == 0
     assert noreuse.config.beta == 0 and noreuse.config.rho == full.config.rho

@@ -33,7 +33,7 @@ from typing import Any
 from ...costmodel import Profile, load_profile
 from ...errors import LabelError
 from ...labels import Label
-from ...policies import Policy, make_live_policy
+from ...policies import Policy, close_policy, make_live_policy
 from ...snapshot import Decision, Snapshot, check_decision
 from ...workflow import load_workflow
 from . import apply, labels_http
@@ -94,8 +94,9 @@ class Adapter:
                              "process": multiprocessing.current_process().name, **fields})
 
     def close(self) -> None:
-        """Release every pin and the log (uninstall)."""
+        """Release every pin, the policy's worker (the guard's forecast) and the log (uninstall)."""
         self.residency.release_all()
+        close_policy(self.policy)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..costmodel import Profile
 from ..errors import ConfigError, TopasError
-from ..policies import Policy, make_policy
+from ..policies import Policy, make_live_policy, make_policy
 from ..workflow import TaskPlan
 from .progress import ProgressBar
 
@@ -38,11 +38,12 @@ def default_backend() -> SimBackend:
     return SimBackend(make_trace, simulate)
 
 
-def build_policy(name: str, options: Mapping[str, Any] | None = None) -> Policy:
-    """`make_policy` with every failure turned into a one-line ConfigError."""
+def build_policy(name: str, options: Mapping[str, Any] | None = None, *, live: bool = False) -> Policy:
+    """`make_policy` (`make_live_policy` with `live`: as a live engine builds it) with every
+    failure turned into a one-line ConfigError."""
     opts = dict(options or {})
     try:
-        return make_policy(name, opts)
+        return make_live_policy(name, opts) if live else make_policy(name, opts)
     except ModuleNotFoundError as exc:
         raise ConfigError(f"policy '{name}' is not available yet (module '{exc.name}' is missing)") from None
     except (AttributeError, ImportError) as exc:

@@ -193,13 +193,15 @@ def run_decision_benchmark(policies: list[str], n_agents: int = 50, n_waiting: i
     """Per-decision time of each policy: {"policy": {"mean_ms", "p99_ms", "n", "cpu_mean_ms",
     "cpu_p99_ms", "running_mean", "profile"}}. `running_mean`: mean number of running
     requests over the timed decisions (how full the batch the policy reasons about was)."""
+    from ..policies import close_policy
     from .jobs import build_policy
 
     prof = load_profile(profile) if profile else load_profile()
     out: dict[str, dict] = {}
     for name in policies:
         world = _world(n_agents, n_waiting, seed, prof)
-        policy = build_policy(name)
+        # built as a live engine builds it: `topas` forecasts in a worker process, not in decide()
+        policy = build_policy(name, live=True)
         times: list[float] = []
         cpu: list[float] = []
         running: list[float] = []
@@ -219,6 +221,7 @@ def run_decision_benchmark(policies: list[str], n_agents: int = 50, n_waiting: i
             world.apply(decision)
             # ~45 ms decode steps: a decision every ~4 steps, as at a busy engine's events
             world.step(0.2, 4)
+        close_policy(policy)  # a forecast still in flight would hold the interpreter at exit
         out[name] = {"mean_ms": _mean(times), "p99_ms": _p99(times), "n": len(times),
                      # CPU time of the deciding thread: robust to other processes on the core
                      "cpu_mean_ms": _mean(cpu), "cpu_p99_ms": _p99(cpu),

@@ -34,7 +34,9 @@ _REGISTRY: dict[str, str] = {
     # peers outside the paper's baseline set (reported, not used as "the best baseline")
     "lpm-gated": "topas_agents.policies.baselines:LPMGated",
     "kvflow": "topas_agents.policies.kvflow:KVFlow",
-    "topas": "topas_agents.policies.topas:make_topas",
+    # the recommended policy: the core behind the forecast guard (policies/forecast.py)
+    "topas": "topas_agents.policies.forecast:make_topas_guard",
+    "topas-core": "topas_agents.policies.topas:make_topas",
     "topas-paper": "topas_agents.policies.topas:make_topas_paper",
     "topas-base": "topas_agents.policies.topas:make_topas_base",
     "topas-noreuse": "topas_agents.policies.topas:make_topas_noreuse",
@@ -43,7 +45,6 @@ _REGISTRY: dict[str, str] = {
     "topas-paper-noreuse": "topas_agents.policies.topas:make_topas_paper_noreuse",
     "topas-paper-noaging": "topas_agents.policies.topas:make_topas_paper_noaging",
     "topas-paper-tuned": "topas_agents.policies.topas:make_topas_paper_tuned",
-    "topas-guard": "topas_agents.policies.forecast:make_topas_guard",
 }
 
 # The paper's five baselines (section V-A): "the best baseline" of every comparison is one of these.
@@ -54,7 +55,7 @@ PEERS: tuple[str, ...] = ("lpm-gated", "kvflow")
 
 # Options a live engine forces on a policy: the forecast guard's inline forecasts run for
 # seconds inside decide(), free on a simulated clock, a stalled serving loop on a live engine.
-LIVE_OPTIONS: dict[str, dict[str, str]] = {"topas-guard": {"forecast_mode": "background"}}
+LIVE_OPTIONS: dict[str, dict[str, str]] = {"topas": {"forecast_mode": "background"}}
 
 
 def available_policies() -> tuple[str, ...]:
@@ -93,6 +94,14 @@ def _check_option_names(name: str, factory: Any, options: Mapping[str, Any]) -> 
     if unknown:
         raise ConfigError(f"policy '{name}' has no option '{unknown[0]}' "
                           f"(its options: {', '.join(known) if known else 'none'})")
+
+
+def close_policy(policy: object) -> None:
+    """Release what a policy holds outside the process (the guard's forecast worker); a no-op
+    for policies that hold nothing. Engines call it when they are done with the policy."""
+    close = getattr(policy, "close", None)
+    if callable(close):
+        close()
 
 
 def make_live_policy(name: str, options: Mapping[str, Any] | None = None) -> Policy:

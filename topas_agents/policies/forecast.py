@@ -1,6 +1,7 @@
 """The forecast guard: run Topas, unless the cost model predicts that a stock policy serves
 the observed workload faster; then run that policy instead, until a later forecast says
-otherwise.
+otherwise. The guard around the core (`topas-core`) is the registry's `topas`, the
+recommended policy.
 
 Topas values one decision at a time with a horizon of about one request's service. Some
 workflows reward what no single decision can see (LPM serving one large prefix's queue out
@@ -156,8 +157,8 @@ class _Arrivals:
 class ForecastGuard:
     """Topas behind the forecast guard (module docstring)."""
 
-    def __init__(self, topas_name: str = "topas", topas_options: Mapping[str, Any] | None = None,
-                 config: ForecastConfig | None = None, name: str = "topas-guard") -> None:
+    def __init__(self, topas_name: str = "topas-core", topas_options: Mapping[str, Any] | None = None,
+                 config: ForecastConfig | None = None, name: str = "topas") -> None:
         self.name = name
         self.config = config or ForecastConfig()
         for candidate in self.config.candidates:  # fail now, not at the first checkpoint
@@ -207,7 +208,7 @@ class ForecastGuard:
             scores = pending.future.result()
         except Exception as exc:  # noqa: BLE001 - a failed forecast keeps the running policy
             self.errors.append(f"{type(exc).__name__}: {exc}")
-            logger.warning("topas-guard: forecast failed (%s); %s keeps running", self.errors[-1], self.active_name)
+            logger.warning("%s: forecast failed (%s); %s keeps running", self.name, self.errors[-1], self.active_name)
             return
         self._choose(pending.job, scores, now)
 
@@ -218,8 +219,21 @@ class ForecastGuard:
             self.active = self.topas if best == self._topas_name else make_policy(best)
             self.active_name = best
         self.history.append(Forecast(now, self._arrivals.count, job.rates, dict(scores), self.active_name))
-        logger.info("topas-guard: forecast at %d arrivals: %s; running %s", self._arrivals.count,
+        logger.info("%s: forecast at %d arrivals: %s; running %s", self.name, self._arrivals.count,
                     ", ".join(f"{p} {v:.3f}" for p, v in scores.items()), self.active_name)
+
+    def close(self) -> None:
+        """Stop the background worker, a forecast in flight included (a benchmark or an engine
+        that is done with the policy: the interpreter would otherwise wait for that forecast
+        at exit). The policy keeps deciding with what it has; a later checkpoint starts anew."""
+        pool, self._pool, self._pending = self._pool, None, None
+        if pool is None:
+            return
+        # ProcessPoolExecutor (3.11) cannot cancel a running call: stop its worker directly
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until a background forecast in flight has landed (tests, shutdown)."""
@@ -329,8 +343,9 @@ def _regret_scores(runs: list[dict[str, tuple[float, float]]], candidates: tuple
 
 
 def make_topas_guard(**options: Any) -> ForecastGuard:
-    """`topas` behind the forecast guard. Options: `forecast_<field>` sets a ForecastConfig
-    field (`forecast_margin=0.05`, `forecast_tasks=60`); the rest go to Topas."""
+    """The registry's `topas`: `topas-core` behind the forecast guard. Options:
+    `forecast_<field>` sets a ForecastConfig field (`forecast_margin=0.05`,
+    `forecast_tasks=60`); the rest go to the core (`rho=2`, `k_preempt=0`, ...)."""
     fields = {f for f in ForecastConfig.__dataclass_fields__}
     guard: dict[str, Any] = {}
     topas: dict[str, Any] = {}
@@ -339,7 +354,7 @@ def make_topas_guard(**options: Any) -> ForecastGuard:
             guard[key[9:]] = _convert(key[9:], value)
         else:
             topas[key] = value
-    return ForecastGuard("topas", topas, replace(ForecastConfig(), **guard))
+    return ForecastGuard("topas-core", topas, replace(ForecastConfig(), **guard), name="topas")
 
 
 def _convert(field_name: str, value: Any) -> Any:

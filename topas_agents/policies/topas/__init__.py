@@ -34,8 +34,9 @@ __all__ = [
 
 
 def make_topas(**options: Any) -> TopasPolicy:
-    """Full Topas: reuse lookahead and log aging on."""
-    return TopasPolicy(make_config(**options), "topas")
+    """`topas-core`: full Topas (reuse lookahead and log aging on), without the forecast
+    guard that the registry's `topas` puts around it (policies/forecast.py)."""
+    return TopasPolicy(make_config(**options), "topas-core")
 
 
 def make_topas_base(**options: Any) -> TopasPolicy:

@@ -19,7 +19,7 @@ from .terms import CreditStore
 class TopasPolicy:
     """Task-Oriented Prefix-Aware Scheduler (see docs/topas.md)."""
 
-    def __init__(self, config: TopasConfig | None = None, name: str = "topas") -> None:
+    def __init__(self, config: TopasConfig | None = None, name: str = "topas-core") -> None:
         self.name = name
         self.config = config or TopasConfig()
         self.profiles = ServiceProfiles(self.config)
