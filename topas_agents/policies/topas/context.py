@@ -314,9 +314,7 @@ class Context:
         task = self.caches.tasks.get(req.task_id)
         if wf is not None and wf.has_stage(req.stage):
             done = view.done_stages if view is not None else _EMPTY
-            model = self.models.get(wf.name)
-            if model is None:
-                model = self.models[wf.name] = self.paths.model(wf, snap.profile)
+            model = self._model(wf)
             if task is not None and view is not None and task.view is view and task.model is model \
                     and task.horizon_s == self.horizon_s:
                 paths = task.paths  # what _paths would return: its memo holds this view
@@ -325,10 +323,22 @@ class Context:
         else:
             wf = None
         work = paths.work if paths is not None else self.remaining(req)
-        g = aging(snap.now - arrival, self.age_scale_s, self.cfg.rho)
-        if self.cfg.size_weight > 0.0:  # SRPT-like: smaller remaining work, larger weight
+        return TaskState(view, wf, model, paths, done, self._weight(arrival, work), task)
+
+    def _model(self, wf: Workflow) -> WorkflowModel:
+        """The workflow's model in this decision (built once per decision and workflow)."""
+        model = self.models.get(wf.name)
+        if model is None:
+            model = self.models[wf.name] = self.paths.model(wf, self.snap.profile)
+        return model
+
+    def _weight(self, arrival_s: float, work: float) -> float:
+        """A task's weight g: log aging since `arrival_s` x the size weight of its remaining
+        `work` (SRPT-like: smaller remaining work, larger weight)."""
+        g = aging(self.snap.now - arrival_s, self.age_scale_s, self.cfg.rho)
+        if self.cfg.size_weight > 0.0:
             g *= (self.age_scale_s / max(work, 1e-3 * self.age_scale_s)) ** self.cfg.size_weight
-        return TaskState(view, wf, model, paths, done, g, task)
+        return g
 
     def _carried_idle(self, req: RequestView) -> TaskCtx | None:
         """The previous decision's TaskCtx of an idle task (nothing of it running, now or
@@ -345,16 +355,9 @@ class Context:
         if view is None or task.view is not view or req.workflow != wf.name \
                 or self.snap.workflows.get(req.workflow) is not wf or not wf.has_stage(req.stage):
             return None
-        model = self.models.get(wf.name)
-        if model is None:
-            model = self.models[wf.name] = self.paths.model(wf, self.snap.profile)
-        if task.model is not model:
+        if task.model is not self._model(wf):
             return None
-        g = aging(self.snap.now - view.arrival_s, self.age_scale_s, self.cfg.rho)
-        if self.cfg.size_weight > 0.0:  # as in _task_state
-            work = task.paths.work
-            g *= (self.age_scale_s / max(work, 1e-3 * self.age_scale_s)) ** self.cfg.size_weight
-        task.g = g
+        task.g = self._weight(view.arrival_s, task.paths.work)
         task._run_value = None
         self.tasks[req.task_id] = task
         return task
