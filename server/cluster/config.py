@@ -43,8 +43,13 @@ class GatewaySettings:
     cb_timeout_duration_secs: int = 5
     # Health probes every 2 s (default 60 s: a killed worker looked healthy for a minute).
     health_check_interval_secs: int = 2
-    health_failure_threshold: int = 1
-    health_check_timeout_secs: int = 2
+    # A worker is unhealthy only after 3 missed probes of 5 s each. smg moves an unhealthy
+    # worker's keys away and back once it answers again, so one slow probe splits every task
+    # pinned there: with 1 probe of 2 s a busy CPU replica (2 cores shared with other jobs)
+    # missed one and a task's stages ran on two replicas. A dead worker does not need the
+    # probe: its calls fail at connect time and the retries and the breaker above re-home them.
+    health_failure_threshold: int = 3
+    health_check_timeout_secs: int = 5
     # New task keys go to the replica with the fewest requests in flight.
     assignment_mode: AssignmentMode = "min_load"
     # Keys of finished tasks are dropped after this long idle (default 4 h), keeping the map small.
