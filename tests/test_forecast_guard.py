@@ -95,6 +95,24 @@ def test_switch_needs_the_margin_and_is_reversible(monkeypatch):
     assert guard.active is guard.topas
 
 
+def test_a_forecast_trading_mean_for_p99_is_a_loss_by_default(monkeypatch):
+    """The default score is the contract's: Topas 10% behind Parrot's mean JCT and 10% ahead of
+    its p99 loses by 1.1x, so the guard runs Parrot. The combined score (the mean of the two
+    ratios to Topas: 1.01 for Parrot) keeps Topas."""
+    runs = {"topas-core": (110.0, 180.0), "fcfs": (150.0, 260.0), "lpm": (130.0, 220.0),
+            "parrot": (100.0, 200.0), "las": (160.0, 300.0), "spf": (120.0, 240.0)}
+    monkeypatch.setattr(fc, "_simulate_trace", lambda job, i, seed: {p: runs[p] for p in job.policies})
+    guard = make_policy("topas", {"forecast_first": "4"})
+    _run(guard, tasks=6)
+    first = guard.history[0]
+    assert first.scores["topas-core"] == pytest.approx(1.1) and first.scores["parrot"] == 1.0
+    assert first.chosen == "parrot" and guard.active_name == "parrot"
+    combined = make_policy("topas", {"forecast_first": "4", "forecast_score": "combined"})
+    _run(combined, tasks=6)
+    assert combined.history[0].scores["parrot"] == pytest.approx((100 / 110 + 200 / 180) / 2)
+    assert combined.history[0].chosen == "topas-core"
+
+
 def test_guard_is_topas_while_topas_is_chosen(monkeypatch):
     monkeypatch.setattr(fc, "run_forecast", lambda job: {p: 1.0 for p in job.policies})
     plain = _run(make_policy("topas-core"), load_rate=0.08)

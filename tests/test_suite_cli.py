@@ -32,6 +32,7 @@ def test_tiny_suite_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "(1 baseline)  p99_jct   per_load" in out  # one baseline: the floor is 1.0 everywhere
     doc = json.loads((tmp_path / "out.json").read_text())
     assert doc["seeds"] == [0] and doc["loads"] == [0.5] and doc["policies"] == ["lpm", "topas"]
+    assert doc["policy_options"] == {}  # no --policy-opt: every policy at its defaults
     assert [w["index"] for w in doc["workflows"]] == [0, 1]
     for w in doc["workflows"]:
         runs = w["runs"]["0"]["0.5"]
@@ -147,3 +148,11 @@ def test_failed_policy_is_reported_not_fatal(tmp_path: Path, capsys: pytest.Capt
     assert runs["never-suite-test"]["mean_jct"] is None and runs["lpm"]["mean_jct"] > 0  # others still ran
     assert doc["workflows"][0]["paper"]["never-suite-test"]["mean_jct"]["ratio"] is None
     assert doc["distribution"]["never-suite-test"]["mean_jct"]["paper"]["unknown"] == 1
+
+
+def test_the_json_records_the_policy_options_it_ran(tmp_path: Path) -> None:
+    """A variant's runs say which variant they are (`--policy-opt`)."""
+    args = _args(tmp_path, workflows=1, policy_opt=["topas.forecast_margin=0.05"])
+    assert run_suite_cli(args) == 0
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert doc["policy_options"] == {"topas": {"forecast_margin": "0.05"}}

@@ -240,7 +240,10 @@ def result_json(results: Sequence[WorkflowResult], config: SuiteConfig, worst: S
         "suite": "random", "gen_seed": config.gen_seed, "seeds": list(config.seeds), "loads": list(config.loads),
         "tasks": config.tasks, "profile": config.profile.name, "kv_budget": config.budget,
         "host_tier": getattr(config.host_tier, "label", config.host_tier),
-        "policies": list(config.policies), "loss_threshold": LOSS_THRESHOLD,
+        "policies": list(config.policies),
+        # what --policy-opt / --policy-config set (a variant's runs say which variant they are)
+        "policy_options": {p: {k: str(v) for k, v in o.items()} for p, o in config.policy_options.items() if o},
+        "loss_threshold": LOSS_THRESHOLD,
         "distribution": {p: {m: {k: d.as_dict() for k, d in rules.items()}
                              for m, rules in distributions(results, p).items()} for p in config.compared},
         "baseline_floor": {m: d.as_dict() for m, d in floor_distributions(results).items()},
