@@ -58,8 +58,8 @@ class ForecastConfig:
     tasks        tasks per simulated trace. 120, not the 60 of a suite run: the p99 of 60 tasks
                  is about their maximum, so one straggler decides it; on dag4 at load 0.3
                  four 60-task traces put SPF 4% ahead of Topas on p99 and the guard switched,
-                 while 200-task runs put Topas 9-22% ahead on every seed (120-task traces
-                 kept Topas on both seeds that had switched; docs/suite.md).
+                 while 200-task runs put Topas 7-18% ahead of SPF on every seed (120-task
+                 traces kept Topas on both seeds that had switched; docs/suite.md).
     seeds        synthetic traces per forecast; their scores are averaged.
     margin       another policy replaces the running one only when its score is lower by
                  this fraction (hysteresis: a tie never switches, noise rarely does).
