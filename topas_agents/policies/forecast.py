@@ -107,6 +107,10 @@ class ForecastConfig:
             raise ConfigError(f"forecast margin must be in [0, 1), got {self.margin}")
 
 
+# Seconds close() waits for the forecast worker to exit after SIGTERM (it exits in well under
+# a second; the bound keeps an engine's shutdown bounded whatever happens).
+CLOSE_GRACE_S = 5.0
+
 ForecastMode = Literal["inline", "background"]
 ForecastScore = Literal["combined", "regret"]
 
@@ -235,11 +239,14 @@ class ForecastGuard:
         pool, self._pool, self._pending = self._pool, None, None
         if pool is None:
             return
-        # ProcessPoolExecutor (3.11) cannot cancel a running call: stop its worker directly
+        # ProcessPoolExecutor (3.11) cannot cancel a running call: stop its worker directly,
+        # and wait for it, so the worker is gone when close() returns.
         processes = list((getattr(pool, "_processes", None) or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.terminate()
+        for process in processes:
+            process.join(CLOSE_GRACE_S)
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until a background forecast in flight has landed (tests, shutdown)."""
