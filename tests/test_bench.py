@@ -213,7 +213,9 @@ def _fake_result(policies=("fcfs", "lpm", "spf"), **kw):
 
 def test_json_shape_is_exact():
     _, res = _fake_result()
-    assert list(res) == ["workload", "profile", "seed", "tasks", "capacity_rps", "host_tier", "points", "summary"]
+    assert list(res) == ["workload", "profile", "seed", "tasks", "capacity_rps", "host_tier", "policy_options",
+                         "points", "summary"]
+    assert res["policy_options"] == {}  # every policy at its defaults
     assert (res["workload"], res["profile"], res["seed"], res["tasks"]) == ("chain3", "a100-80g-qwen2.5-32b", 3, 4)
     assert res["host_tier"] == {"setup": "all", "policies": {"fcfs": True, "lpm": True, "spf": True}}
     for pt in res["points"]:

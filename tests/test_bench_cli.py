@@ -45,7 +45,8 @@ def test_table_json_and_plot(tmp_path, capsys):
     for col in ("mean JCT s", "p99 JCT s", "gap to LB", "mean batch", "swaps", "preempt", "decision ms"):
         assert col in text
     data = json.loads(out.read_text())
-    assert list(data) == ["workload", "profile", "seed", "tasks", "capacity_rps", "host_tier", "points", "summary"]
+    assert list(data) == ["workload", "profile", "seed", "tasks", "capacity_rps", "host_tier", "policy_options",
+                          "points", "summary"]
     assert data["seed"] == 4 and data["tasks"] == 6 and len(data["points"]) == 2
     assert list(data["summary"]) == ["fcfs", "lpm"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -153,13 +153,15 @@ def test_paper_setup_baseline_recomputes_and_topas_swaps():
 def test_seeds_json_shape(tmp_path, capsys):
     out = tmp_path / "s.json"
     rc = main(["bench", "--workload", "chain3", "--policies", "fcfs,lpm,topas", "--load", "0.3,0.6", "--tasks", "3",
-               "--seeds", "0,2", "--host-tier", "paper", "--task-jcts", "--json", str(out), "--no-progress"])
+               "--seeds", "0,2", "--host-tier", "paper", "--task-jcts", "--json", str(out), "--no-progress",
+               "--policy-opt", "topas.beta=0.5"])
     assert rc == 0
     text = capsys.readouterr().out
     assert "seed 0" in text and "seed 2" in text and "over seeds 0, 2 (mean [95% t CI]" in text
     doc = json.loads(out.read_text())
-    assert list(doc) == ["workload", "profile", "seeds", "tasks", "capacity_rps", "host_tier", "per_seed",
-                         "over_seeds"]
+    assert list(doc) == ["workload", "profile", "seeds", "tasks", "capacity_rps", "host_tier", "policy_options",
+                         "per_seed", "over_seeds"]
+    assert doc["policy_options"] == {"topas": {"beta": "0.5"}}  # the variant the runs are
     assert doc["seeds"] == [0, 2] and [r["seed"] for r in doc["per_seed"]] == [0, 2]
     assert doc["host_tier"]["policies"] == {"fcfs": False, "lpm": False, "topas": True}
     for run in doc["per_seed"]:

@@ -110,9 +110,11 @@ def test_every_task_finishes_under_every_router(replicas, router, seed):
 def test_cluster_bench_document():
     cfg = ClusterBenchConfig(workflow=CHAIN3, profile=PROFILE, policies=("topas", "lpm"),
                              routers=("task", "cache"), replicas=(2,), loads=(0.4,), tasks_per_replica=6,
-                             scaling_pairs=(("topas", "task"),), scaling_replicas=(1, 2))
+                             scaling_pairs=(("topas", "task"),), scaling_replicas=(1, 2),
+                             policy_options={"topas": {"beta": 0.5}})
     doc = run_cluster_bench(cfg)
     json.dumps(doc)  # JSON-ready
+    assert doc["policy_options"] == {"topas": {"beta": "0.5"}}  # the variant the runs are
     s = doc["by_replicas"][0]["summary"]
     assert set(s["pairs"]) == {"topas+task", "topas+cache", "lpm+task", "lpm+cache"}
     assert s["best_baseline_mean_jct"]["pair"].startswith("lpm+")

@@ -82,6 +82,12 @@ def _yaml_scalar(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: cannot parse value {text!r}") from None
 
 
+def options_record(policy_options: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """What --policy-opt / --policy-config set, for a result's JSON (a variant's runs say which
+    variant they are): {policy: {key: str(value)}}, policies without options left out."""
+    return {p: {k: str(v) for k, v in o.items()} for p, o in policy_options.items() if o}
+
+
 def parse_policy_opts(items: Iterable[str], policies: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """`['topas.beta=0.5']` -> {'topas': {'beta': 0.5}}; values parsed as YAML scalars."""
     out: dict[str, dict[str, Any]] = {}

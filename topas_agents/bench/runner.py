@@ -18,6 +18,7 @@ from .capacity import capacity_of_tasks, capacity_rps, rate_for_load
 from .hosttier import HostTier, resolve_host_tier
 from .jobs import RESULT_KEYS, RunJob, SimBackend, build_policy, default_backend, finite, run_jobs
 from .lower_bound import lower_bound
+from .options import options_record
 from .protocol import LIMITS, check_range
 from .trace import redraw_arrivals
 from .work import check_fits
@@ -161,7 +162,8 @@ def _header(config: BenchConfig, tasks: int) -> dict[str, Any]:
     return {"workload": config.name, "profile": config.profile.name, "tasks": tasks,
             "capacity_rps": finite(capacity_for(config)),
             "host_tier": {"setup": config.host_setup.label,
-                          "policies": config.host_setup.per_policy(config.policies)}}
+                          "policies": config.host_setup.per_policy(config.policies)},
+            "policy_options": options_record(config.policy_options)}
 
 
 def run_many(configs: Sequence[BenchConfig], *, backend: SimBackend | None = None, jobs: int = 1,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..bench.capacity import capacity_rps, rate_for_load
+from ..bench.options import options_record
 from ..bench.runner import build_policy
 from ..costmodel import Profile
 from ..errors import ConfigError
@@ -141,7 +142,8 @@ def run_cluster_bench(cfg: ClusterBenchConfig, progress: Callable[[str], None] |
             points.append({"load": load, "results": results})
         by_n.append({"replicas": n, "points": points, "summary": _summary(points)})
     doc: dict[str, Any] = {"workload": cfg.workflow.name, "profile": cfg.profile.name, "seed": cfg.seed,
-                           "tasks_per_replica": cfg.tasks_per_replica, "loads": list(loads), "by_replicas": by_n}
+                           "tasks_per_replica": cfg.tasks_per_replica, "loads": list(loads),
+                           "policy_options": options_record(cfg.policy_options), "by_replicas": by_n}
     if cfg.scaling_pairs:
         doc["scaling"] = [scaling(cfg, p, r) for p, r in cfg.scaling_pairs]
     return doc

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..bench.options import options_record
 from .generate import workflow_to_dict, workflow_to_yaml
 from .ratios import METRICS, Ratio, worst_load
 from .runner import KEPT_METRICS, SuiteConfig, WorkflowResult
@@ -241,8 +242,7 @@ def result_json(results: Sequence[WorkflowResult], config: SuiteConfig, worst: S
         "tasks": config.tasks, "profile": config.profile.name, "kv_budget": config.budget,
         "host_tier": getattr(config.host_tier, "label", config.host_tier),
         "policies": list(config.policies),
-        # what --policy-opt / --policy-config set (a variant's runs say which variant they are)
-        "policy_options": {p: {k: str(v) for k, v in o.items()} for p, o in config.policy_options.items() if o},
+        "policy_options": options_record(config.policy_options),
         "loss_threshold": LOSS_THRESHOLD,
         "distribution": {p: {m: {k: d.as_dict() for k, d in rules.items()}
                              for m, rules in distributions(results, p).items()} for p in config.compared},
