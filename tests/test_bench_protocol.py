@@ -259,6 +259,8 @@ def test_microbench_honours_profile():
                                  profile="h100-80g-qwen2.5-32b")["fcfs"]
     assert out["profile"] == "h100-80g-qwen2.5-32b" and out["n"] == 5
     assert out["running_mean"] > 0 and out["cpu_p99_ms"] >= 0
+    # the queue the times were taken at: topped up to n_waiting, plus released successors
+    assert out["waiting_mean"] >= 40 and out["warmup"] == 1
 
 
 @needs_sim
