@@ -118,3 +118,45 @@ def test_task_paths_are_cached_by_task_state():
     one = paths.task(model, frozenset({"s1"}), {"s2": 1.0})
     assert paths.task(model, frozenset({"s1"}), {"s2": 1.0}) is one
     assert paths.task(model, frozenset({"s1"}), {"s2": 2.0}) is not one
+
+
+def test_a_refresh_of_a_finished_stage_keeps_the_task_path_matrix():
+    # Every stage learned (no point masses), then s1 alone refreshed: a task past s1 keeps its
+    # matrix (it depends only on the stages it has not finished), one at s1 gets a new one.
+    profiles, paths = _estimator(_learn(DIAMOND, {s: [1.0, 3.0] for s in "abcd"}))
+    before = paths.model(DIAMOND, PROFILE)
+    past_a = paths.task(before, frozenset({"a"}), {"b": 0.5})
+    at_a = paths.task(before, frozenset(), {"a": 0.5})
+    profiles.observe(_learn(DIAMOND, {"a": [5.0, 9.0]}))
+    after = paths.model(DIAMOND, PROFILE)
+    assert after is not before and after.dists["a"] is not before.dists["a"]
+    assert after.dists["b"] is before.dists["b"]
+    assert paths.task(after, frozenset({"a"}), {"b": 0.5}) is past_a
+    assert paths.task(after, frozenset(), {"a": 0.5}) is not at_a
+    # the kept matrix is exactly what the refreshed model builds
+    rebuilt = PathEstimator(profiles).task(after, frozenset({"a"}), {"b": 0.5})
+    assert (rebuilt.expected_path, rebuilt.work) == (past_a.expected_path, past_a.work)
+    reds = frozenset({(0, 0.7), (1, 2.0)})
+    assert rebuilt.gain(reds) == past_a.gain(reds)
+
+
+def test_task_path_cache_is_trimmed_to_the_live_tasks():
+    _, paths = _estimator()
+    model = paths.model(CHAIN3, PROFILE)
+    first = paths.task(model, frozenset({"s1"}), {"s2": 0.0})
+    for i in range(1, 400):
+        last = paths.task(model, frozenset({"s1"}), {"s2": float(i)})
+    paths.begin(live_tasks=10)  # room for 2 x 10 + 256 states, least recently used go first
+    assert paths.task(model, frozenset({"s1"}), {"s2": 399.0}) is last
+    assert paths.task(model, frozenset({"s1"}), {"s2": 0.0}) is not first
+
+
+def test_gain_memo_is_bounded_and_exact():
+    profiles, paths = _estimator(_learn(DIAMOND, {s: [1.0, 2.0, 4.0] for s in "abcd"}))
+    task = paths.task(paths.model(DIAMOND, PROFILE), frozenset({"a"}), {})
+    reds = [frozenset({(0, 0.01 * i), (1, 0.02 * i)}) for i in range(600)]
+    first = [task.gain(r) for r in reds]
+    assert len(task._memo) <= 128
+    fresh = PathEstimator(profiles).task(paths.model(DIAMOND, PROFILE), frozenset({"a"}), {})
+    assert [fresh.gain(r) for r in reds] == first == [task.gain(r) for r in reds]
+    assert task.gain1(1, 0.3) == fresh.gain(frozenset({(1, 0.3)}))

@@ -27,22 +27,32 @@ import numpy as np
 from ...costmodel import Profile
 from ...workflow import Workflow
 from .profiles import ServiceProfiles, StageDist
+from .terms import imminence
 
-# Task path matrices kept across decisions (LRU); the ready-set memo is cleared past its cap.
-# Both bound memory on long runs; a few thousand covers every live task of the built-in loads.
-_TASK_CACHE = 8192
+# Task path matrices kept across decisions (LRU), trimmed at each decision to this many per
+# live task plus a floor. Entries are exact (keyed by the task state), so the bound only trades
+# hits for memory: a state another task shares (a fresh workflow, a done set on the same grid)
+# stays while it is in use, and the rest is garbage the collector would otherwise walk at every
+# full collection (measured: 8192 matrices and their gain memos held two thirds of the objects
+# of an H200 decision-cost run, and each full collection took about 100 ms).
+_TASK_CACHE_PER_LIVE = 2
+_TASK_CACHE_FLOOR = 256
 _READY_CACHE = 4096
+# A path matrix's gain memo is cleared past this many entries: a task with a running request
+# near its end is asked for new reductions every decision, and they would pile up.
+_GAIN_MEMO_CAP = 128
 
 
 class WorkflowModel:
     """Per-workflow sample tails, rebuilt when any of its stage distributions changes."""
 
-    __slots__ = ("wf", "dists", "point", "tail", "tail_mean", "tail_chain", "version")
+    __slots__ = ("wf", "dists", "point", "tail", "tail_mean", "tail_chain", "version", "_live")
 
     def __init__(self, wf: Workflow, dists: dict[str, StageDist], version: tuple[int, ...]) -> None:
         self.wf = wf
         self.dists = dists
         self.version = version
+        self._live: dict[frozenset[str], tuple[int, ...]] = {}
         self.point = all(d.point for d in dists.values())
         rows = 1 if self.point else len(next(iter(dists.values())).column)
         self.tail: dict[str, np.ndarray] = {}
@@ -68,16 +78,28 @@ class WorkflowModel:
                 self.tail_mean[name] = float(tail.mean()) if succ else 0.0
 
 
+    def live_version(self, done: frozenset[str]) -> tuple[int, ...]:
+        """The distribution serials of the stages not in `done`. A task's path matrix depends
+        only on those stages (its sources and their descendants; every stage not done is one)
+        and on `point`, so it survives a refresh of a stage the task has finished."""
+        hit = self._live.get(done)
+        if hit is None:
+            hit = self._live[done] = tuple(d.serial for s, d in self.dists.items() if s not in done)
+        return hit
+
+
 class TaskPaths:
     """One task state's source matrix; `gain(reductions)` = L - E[LP after serving them]."""
 
-    __slots__ = ("sources", "index", "expected_path", "work", "support", "_exact", "_support", "_Z", "_F", "_memo")
+    __slots__ = ("sources", "index", "expected_path", "work", "support", "_exact", "_support", "_Z", "_F", "_memo",
+                 "_imminence")
 
     def __init__(self, model: WorkflowModel, sources: tuple[tuple[str, float], ...],
                  done: frozenset[str] = frozenset()) -> None:
         self.sources = tuple(s for s, _ in sources)
         self.index = {s: j for j, s in enumerate(self.sources)}
         self._memo: dict = {}  # frozenset of reductions (or one (j, delta)) -> gain
+        self._imminence: dict[tuple[str, float], float] = {}  # (source, horizon) -> probability
         self.support: dict[str, np.ndarray] = {}  # residual support of each source (sorted)
         # W: expected remaining LLM work (every remaining stage, sources at their residual)
         self.work = sum(d.mean for s, d in model.dists.items() if s not in done and s not in self.index)
@@ -106,6 +128,14 @@ class TaskPaths:
         self._F = np.column_stack(cols_f)
         self.expected_path = float(self._F.max(axis=1).mean())
 
+    def imminence(self, stage: str, horizon_s: float) -> float:
+        """Probability that source `stage` finishes within `horizon_s` (memoised)."""
+        key = (stage, horizon_s)
+        hit = self._imminence.get(key)
+        if hit is None:
+            hit = self._imminence[key] = imminence(self.support[stage], horizon_s)
+        return hit
+
     def gain1(self, j: int, delta: float) -> float:
         """`gain` of one reduction, memoised by (j, delta)."""
         key = (j, delta)
@@ -114,8 +144,8 @@ class TaskPaths:
             if self._exact and len(self._support) == 1:
                 hit = min(delta, float(self._support[0]))
             else:
-                hit = self.gain(frozenset((key,)))
-            self._memo[key] = hit
+                hit = self._compute((key,))
+            self._remember(key, hit)
         return hit
 
     def gain(self, reductions: frozenset[tuple[int, float]]) -> float:
@@ -125,6 +155,11 @@ class TaskPaths:
         hit = self._memo.get(reductions)
         if hit is not None:
             return hit
+        value = self._compute(reductions)
+        self._remember(reductions, value)
+        return value
+
+    def _compute(self, reductions) -> float:
         if self._exact:
             delta = sum(d for _, d in reductions)  # a single source: all reductions hit it
             value = float(np.minimum(delta, self._support).mean())
@@ -133,26 +168,30 @@ class TaskPaths:
             for j, delta in reductions:
                 F[:, j] -= np.minimum(delta, self._Z[:, j])
             value = self.expected_path - float(F.max(axis=1).mean())
-        value = max(0.0, value)
-        self._memo[reductions] = value
-        return value
+        return max(0.0, value)
+
+    def _remember(self, key, value: float) -> None:
+        if len(self._memo) >= _GAIN_MEMO_CAP:
+            self._memo.clear()
+        self._memo[key] = value
 
 
 class PathEstimator:
     """Caches workflow models and task path matrices across decisions (keyed by task state)."""
 
-    def __init__(self, profiles: ServiceProfiles, capacity: int = _TASK_CACHE) -> None:
+    def __init__(self, profiles: ServiceProfiles) -> None:
         self._profiles = profiles
         self._models: dict[str, WorkflowModel] = {}
         self._tasks: dict[tuple, TaskPaths] = {}  # insertion order = recency of last use
-        self._capacity = capacity
         self._ready: dict[tuple[str, frozenset[str]], tuple[str, ...]] = {}
 
-    def begin(self) -> None:
-        """Start a decision: trim the task cache to its capacity (least recently used first)."""
-        excess = len(self._tasks) - self._capacity
+    def begin(self, live_tasks: int) -> None:
+        """Start a decision with `live_tasks` tasks in the engine: trim the task cache to its
+        capacity (least recently used first, a quarter below it so trims are rare)."""
+        capacity = _TASK_CACHE_PER_LIVE * live_tasks + _TASK_CACHE_FLOOR
+        excess = len(self._tasks) - capacity
         if excess > 0:
-            for key in list(self._tasks)[: excess + self._capacity // 4]:
+            for key in list(self._tasks)[: excess + capacity // 4]:
                 del self._tasks[key]
 
     def model(self, wf: Workflow, profile: Profile) -> WorkflowModel:
@@ -172,7 +211,7 @@ class PathEstimator:
                 self._ready.clear()
             ready = self._ready[rkey] = model.wf.ready_stages(done)
         sources = tuple((s, attained.get(s, 0.0)) for s in ready)
-        key = (model.wf.name, model.version, done, sources)
+        key = (model.wf.name, model.point, model.live_version(done), done, sources)
         paths = self._tasks.pop(key, None)
         if paths is None:
             paths = TaskPaths(model, sources, done)

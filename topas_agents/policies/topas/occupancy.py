@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, NamedTuple
 from ..baselines import task_fcfs_key
 
 if TYPE_CHECKING:
-    from .context import Context, Item
+    from .context import Context
     from .pack import PackResult
+    from .valuation import Item
 
 
 class Reservation(NamedTuple):

@@ -16,9 +16,10 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from .context import Context, Item, TaskCtx, priority
+from .context import Context
 from .occupancy import delays_head, head_advance, stranded_cost, uses_spare
 from .terms import j_move
+from .valuation import Item, TaskCtx, priority
 
 _EPS = 1e-12
 # Reserve: an uncovered prefix gets the best fitting of its first few candidates (a fitting

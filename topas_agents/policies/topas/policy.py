@@ -41,7 +41,7 @@ class TopasPolicy:
         self.credits.sweep(r.rid for r in snap.running)
         if not snap.waiting and (self.config.beta <= 0.0 or not snap.running):
             return NOOP
-        self.paths.begin()
+        self.paths.begin(len(snap.tasks))
         ctx = build_context(snap, self.config, self.credits, self.profiles, self.paths, self._prior(snap),
                             self.caches)
         if self.config.backfill > 0.0:
