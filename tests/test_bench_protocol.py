@@ -261,6 +261,24 @@ def test_microbench_honours_profile():
     assert out["running_mean"] > 0 and out["cpu_p99_ms"] >= 0
     # the queue the times were taken at: topped up to n_waiting, plus released successors
     assert out["waiting_mean"] >= 40 and out["warmup"] == 1
+    assert out["gc_full"] >= 0 and 0.0 <= out["gc_mean_ms"] <= out["cpu_mean_ms"] + 1e-9
+
+
+def test_microbench_counts_only_collections_inside_timed_decisions():
+    import gc
+
+    from topas_agents.bench.microbench import _GcMeter
+
+    with _GcMeter() as meter:
+        gc.collect()  # untimed (a warm-up decision, or the world between decisions)
+        meter.timing = True
+        gc.collect()
+        gc.collect(0)
+        meter.timing = False
+        gc.collect()
+    out = meter.record(2)
+    assert out["gc_full"] == 1 and out["gc_mean_ms"] > 0.0
+    assert meter._note not in gc.callbacks  # the hook is gone with the meter
 
 
 @needs_sim

@@ -10,6 +10,7 @@ full), so per-task caches behave as they do in a real run. Only `decide()` is ti
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import time
@@ -191,7 +192,8 @@ def run_decision_benchmark(policies: list[str], n_agents: int = 50, n_waiting: i
                            *, decisions: int = 200, warmup: int = 20, profile: str | None = None,
                            check: bool = False) -> dict:
     """Per-decision time of each policy: {"policy": {"mean_ms", "p99_ms", "n", "cpu_mean_ms",
-    "cpu_p99_ms", "running_mean", "waiting_mean", "profile", "warmup"}}. `running_mean` and
+    "cpu_p99_ms", "running_mean", "waiting_mean", "profile", "warmup", "gc_mean_ms", "gc_full"}}
+    (the last two: garbage collection inside the timed decisions, see `_GcMeter`). `running_mean` and
     `waiting_mean`: mean numbers of running and waiting requests over the timed decisions (how
     full the batch and the queue the policy reasons about were).
     `warmup` untimed decisions come first. The world starts cold: over the first few hundred
@@ -211,30 +213,67 @@ def run_decision_benchmark(policies: list[str], n_agents: int = 50, n_waiting: i
         cpu: list[float] = []
         running: list[float] = []
         waiting: list[float] = []
-        for i in range(warmup + decisions):
-            snap = world.snapshot()
-            c0 = time.thread_time()
-            t0 = time.perf_counter()
-            decision = policy.decide(snap)
-            elapsed = time.perf_counter() - t0
-            cpu_s = time.thread_time() - c0
-            if check:
-                check_decision(snap, decision)
-            if i >= warmup:
-                times.append(elapsed * 1e3)
-                cpu.append(cpu_s * 1e3)
-                running.append(len(snap.running))
-                waiting.append(len(snap.waiting))
-            world.apply(decision)
-            # ~45 ms decode steps: a decision every ~4 steps, as at a busy engine's events
-            world.step(0.2, 4)
+        collector = _GcMeter()
+        with collector:
+            for i in range(warmup + decisions):
+                snap = world.snapshot()
+                collector.timing = i >= warmup
+                c0 = time.thread_time()
+                t0 = time.perf_counter()
+                decision = policy.decide(snap)
+                elapsed = time.perf_counter() - t0
+                cpu_s = time.thread_time() - c0
+                collector.timing = False
+                if check:
+                    check_decision(snap, decision)
+                if i >= warmup:
+                    times.append(elapsed * 1e3)
+                    cpu.append(cpu_s * 1e3)
+                    running.append(len(snap.running))
+                    waiting.append(len(snap.waiting))
+                world.apply(decision)
+                # ~45 ms decode steps: a decision every ~4 steps, as at a busy engine's events
+                world.step(0.2, 4)
         close_policy(policy)  # a forecast still in flight would hold the interpreter at exit
         out[name] = {"mean_ms": _mean(times), "p99_ms": _p99(times), "n": len(times),
                      # CPU time of the deciding thread: robust to other processes on the core
                      "cpu_mean_ms": _mean(cpu), "cpu_p99_ms": _p99(cpu),
                      "running_mean": _mean(running), "waiting_mean": _mean(waiting), "profile": prof.name,
-                     "warmup": warmup}
+                     "warmup": warmup, **collector.record(len(times))}
     return out
+
+
+class _GcMeter:
+    """Garbage collections that ran inside timed decisions. They are part of the times above
+    (an engine's deciding thread pays them too), but the allocations that trigger them are the
+    whole process's, the world's included, and a full collection walks every live object: this
+    says how much of a figure they are (`gc_mean_ms`: their time per timed decision; `gc_full`:
+    how many were full, generation-2, collections)."""
+
+    def __init__(self) -> None:
+        self.timing = False
+        self._start = 0.0
+        self._total_s = 0.0
+        self._full = 0
+
+    def __enter__(self) -> _GcMeter:
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._note)
+
+    def _note(self, phase: str, info: dict) -> None:
+        if not self.timing:
+            return
+        if phase == "start":
+            self._start = time.thread_time()
+            return
+        self._total_s += time.thread_time() - self._start
+        self._full += info.get("generation") == 2
+
+    def record(self, decisions: int) -> dict:
+        return {"gc_mean_ms": self._total_s * 1e3 / decisions if decisions else 0.0, "gc_full": self._full}
 
 
 def main(argv: list[str] | None = None) -> int:
