@@ -77,7 +77,6 @@ class WorkflowModel:
             else:
                 self.tail_mean[name] = float(tail.mean()) if succ else 0.0
 
-
     def live_version(self, done: frozenset[str]) -> tuple[int, ...]:
         """The distribution serials of the stages not in `done`. A task's path matrix depends
         only on those stages (its sources and their descendants; every stage not done is one)
