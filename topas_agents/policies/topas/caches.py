@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from ...snapshot import RequestView, Snapshot, TaskView
-from ...workflow import Workflow
 from .longest_path import TaskPaths, WorkflowModel
-from .terms import released_children
 
 if TYPE_CHECKING:
     from .valuation import Item, TaskCtx
@@ -47,19 +45,6 @@ class DecisionCaches:
     task_memo: dict[str, TaskMemo] = field(default_factory=dict)  # task_id -> path matrix
     tasks: dict[str, TaskCtx] = field(default_factory=dict)  # task_id -> last valuation
     items: dict[str, Item] = field(default_factory=dict)  # rid -> last waiting valuation
-    # (workflow name, stage, done) -> (workflow, stages released when the stage completes)
-    children: dict[tuple[str, str, frozenset[str]], tuple[Workflow, tuple[str, ...]]] = field(default_factory=dict)
-
-    def released(self, wf: Workflow, stage: str, done: frozenset[str]) -> tuple[str, ...]:
-        """`released_children` of the stage, memoised (a task's running stage asks every
-        decision until it ends; the workflow object validates the entry)."""
-        key = (wf.name, stage, done)
-        hit = self.children.get(key)
-        if hit is None or hit[0] is not wf:
-            if len(self.children) >= _CHILDREN_CACHE:
-                self.children.clear()
-            hit = self.children[key] = (wf, released_children(wf, stage, done))
-        return hit[1]
 
     def prune(self, snap: Snapshot) -> None:
         """Drop dead entries once a cache outgrows _CACHE_GROWTH x (live + _CACHE_SLACK):
@@ -79,8 +64,6 @@ class DecisionCaches:
 # DecisionCaches.prune: a cache is pruned to live entries past this factor x (live + slack).
 _CACHE_GROWTH = 2
 _CACHE_SLACK = 64
-# DecisionCaches.released: cleared past this many (workflow, stage, done) entries.
-_CHILDREN_CACHE = 4096
 # The horizon is snapped to a geometric grid of this many steps per doubling (~9%): the
 # observed mean it derives from moves with every completion, and an exact float would change
 # the attained-service grid and every delta each decision, defeating the cross-decision

@@ -94,7 +94,7 @@ class Context:
 
     def _reuse_values(self, wf: Workflow, stage: str, done: frozenset[str], paths: TaskPaths,
                       g: float) -> tuple[tuple[str, float], ...]:
-        children = self.caches.released(wf, stage, done)
+        children = self.paths.released(wf, stage, done)
         if not children:
             return ()
         imm = paths.imminence(stage, self.horizon_s)
@@ -120,7 +120,7 @@ class Context:
         if wf is None or not wf.has_stage(req.stage):
             return ()
         view = self.views.get(req.task_id)
-        if not self.caches.released(wf, req.stage, view.done_stages if view is not None else _EMPTY):
+        if not self.paths.released(wf, req.stage, view.done_stages if view is not None else _EMPTY):
             return ()  # nothing to look ahead to: the task need not be valued for it
         state = self._task_state(req)
         if state.paths is None or req.stage not in state.paths.index:

@@ -27,7 +27,7 @@ import numpy as np
 from ...costmodel import Profile
 from ...workflow import Workflow
 from .profiles import ServiceProfiles, StageDist
-from .terms import imminence
+from .terms import imminence, released_children
 
 # Task path matrices kept across decisions (LRU), trimmed at each decision to this many per
 # live task plus a floor. Entries are exact (keyed by the task state), so the bound only trades
@@ -37,6 +37,7 @@ from .terms import imminence
 # of an H200 decision-cost run, and each full collection took about 100 ms).
 _TASK_CACHE_PER_LIVE = 2
 _TASK_CACHE_FLOOR = 256
+# The ready-set and released-children memos (workflow structure) are cleared past this size.
 _READY_CACHE = 4096
 # A path matrix's gain memo is cleared past this many entries: a task with a running request
 # near its end is asked for new reductions every decision, and they would pile up.
@@ -183,6 +184,8 @@ class PathEstimator:
         self._models: dict[str, WorkflowModel] = {}
         self._tasks: dict[tuple, TaskPaths] = {}  # insertion order = recency of last use
         self._ready: dict[tuple[str, frozenset[str]], tuple[str, ...]] = {}
+        # (workflow name, stage, done) -> (workflow, stages released when the stage completes)
+        self._released: dict[tuple[str, str, frozenset[str]], tuple[Workflow, tuple[str, ...]]] = {}
 
     def begin(self, live_tasks: int) -> None:
         """Start a decision with `live_tasks` tasks in the engine: trim the task cache to its
@@ -200,6 +203,17 @@ class PathEstimator:
         if model is None or model.version != version or model.wf is not wf:
             model = self._models[wf.name] = WorkflowModel(wf, dists, version)
         return model
+
+    def released(self, wf: Workflow, stage: str, done: frozenset[str]) -> tuple[str, ...]:
+        """`released_children` of the stage, memoised like the ready sets (a running stage
+        asks at every decision until it ends; the workflow object validates the entry)."""
+        key = (wf.name, stage, done)
+        hit = self._released.get(key)
+        if hit is None or hit[0] is not wf:
+            if len(self._released) > _READY_CACHE:
+                self._released.clear()
+            hit = self._released[key] = (wf, released_children(wf, stage, done))
+        return hit[1]
 
     def task(self, model: WorkflowModel, done: frozenset[str], attained: dict[str, float]) -> TaskPaths:
         """Paths of a task whose `done` stages finished; `attained` = active stages' service."""
