@@ -52,9 +52,9 @@ class ForecastConfig:
     """candidates  the policies the guard may switch to (Topas is always one).
     first        the first forecast once this many labelled tasks have arrived (a rate from
                  fewer gaps is too noisy to rank policies by). 4 was measured against it: an
-                 earlier switch helps where a baseline wins clearly, the noisier early ranking
-                 loses elsewhere, and on the second held-out suite the two tie (docs/suite.md,
-                 "an earlier first forecast").
+                 earlier switch helps where a baseline wins clearly, other runs moved both
+                 ways, and on the second held-out suite the two tie (docs/suite.md, "an
+                 earlier first forecast").
     growth       each later forecast after growth x as many arrivals: the estimate firms up
                  while the forecasts' cost stays logarithmic in the run's length.
     window       arrivals per workflow the rate is estimated from (follows load shifts).
