@@ -82,7 +82,7 @@ def test_arrivals_checkpoints_double_and_rates_are_estimated(monkeypatch):
 
 
 def test_switch_needs_the_margin_and_is_reversible(monkeypatch):
-    script = iter([{"lpm": 0.98}, {"lpm": 0.9}, {"lpm": 1.2}])  # per checkpoint, vs topas 1.0
+    script = iter([{"lpm": 0.995}, {"lpm": 0.9}, {"lpm": 1.2}])  # per checkpoint, vs topas 1.0
 
     def fake_scores(job):
         return {p: 1.0 for p in job.policies} | next(script)
@@ -90,7 +90,7 @@ def test_switch_needs_the_margin_and_is_reversible(monkeypatch):
     monkeypatch.setattr(fc, "run_forecast", fake_scores)
     guard = make_policy("topas", {"forecast_first": "4"})
     _run(guard, tasks=16)
-    # 0.98 is inside the 3% margin: stay; 0.9 switches to LPM; then Topas at 1.0 < 1.2 x 0.97
+    # 0.995 is inside the 1% margin: stay; 0.9 switches to LPM; then Topas at 1.0 < 1.2 x 0.99
     assert [f.chosen for f in guard.history] == ["topas-core", "lpm", "topas-core"]
     assert guard.active is guard.topas
 

@@ -65,7 +65,11 @@ class ForecastConfig:
                  traces kept Topas on both seeds that had switched; docs/suite.md).
     seeds        synthetic traces per forecast; their scores are averaged.
     margin       another policy replaces the running one only when its score is lower by
-                 this fraction (hysteresis: a tie never switches, noise rarely does).
+                 this fraction (hysteresis: a tie never switches, noise rarely does). 0.01,
+                 inside the contract's 2% tolerance: at 0.03 (until this release) the guard
+                 knowingly kept a policy predicted 2-3% behind, and on the second held-out
+                 suite three of its ten losing cells were such; 0.01 cut them to seven
+                 (docs/suite.md, "a margin inside the tolerance").
     spread       rate uncertainty: trace i runs at rate x exp(spread x z_i / sqrt(gaps)),
                  z_i the normal quantiles at (i + 0.5) / len(seeds); a rate estimated from k
                  gaps has a relative error of about 1/sqrt(k), and which policy wins can hinge
@@ -90,7 +94,7 @@ class ForecastConfig:
     window: int = 64
     tasks: int = 120
     seeds: tuple[int, ...] = (0, 1, 2, 3)
-    margin: float = 0.03
+    margin: float = 0.01
     spread: float = 1.0
     score: ForecastScore = "regret"
     mode: ForecastMode = "inline"
