@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from topas_agents.suite.selectors import contract_scores, main, pick_with_margin, score_cells, summary
+from topas_agents.policies.forecast import switch_target
+from topas_agents.suite.selectors import contract_scores, main, score_cells, summary
 
 BASE = ("fcfs", "lpm", "parrot", "las", "spf")
 
@@ -35,9 +36,9 @@ def test_contract_score_is_the_larger_ratio_of_seed_averages():
 
 def test_the_margin_keeps_the_core_on_a_small_predicted_loss():
     scores = {"topas-core": 1.02, "lpm": 1.0, "parrot": 1.05}
-    assert pick_with_margin(scores, "topas-core", 0.03) == "topas-core"  # 1.0 >= 1.02 x 0.97
-    assert pick_with_margin(scores, "topas-core", 0.01) == "lpm"  # 1.0 < 1.02 x 0.99
-    assert pick_with_margin({"topas-core": 0.9, "lpm": 1.0}, "topas-core", 0.0) == "topas-core"
+    assert switch_target(scores, "topas-core", "topas-core", 0.03) == "topas-core"  # 1.0 >= 1.02 x 0.97
+    assert switch_target(scores, "topas-core", "topas-core", 0.01) == "lpm"  # 1.0 < 1.02 x 0.99
+    assert switch_target({"topas-core": 0.9, "lpm": 1.0}, "topas-core", "topas-core", 0.0) == "topas-core"
 
 
 def test_expectation_pick_is_made_on_other_seeds_and_judged_on_these():

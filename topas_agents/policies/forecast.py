@@ -230,9 +230,8 @@ class ForecastGuard:
         self._choose(pending.job, scores, now)
 
     def _choose(self, job: ForecastJob, scores: Mapping[str, float], now: float) -> None:
-        incumbent = scores.get(self.active_name, 1.0)
-        best = min(scores, key=lambda p: (scores[p], p != self._topas_name, p))
-        if best != self.active_name and scores[best] < incumbent * (1.0 - self.config.margin):
+        best = switch_target(scores, self.active_name, self._topas_name, self.config.margin)
+        if best != self.active_name:
             self.active = self.topas if best == self._topas_name else make_policy(best)
             self.active_name = best
         self.history.append(Forecast(now, self._arrivals.count, job.rates, dict(scores), self.active_name))
@@ -259,6 +258,14 @@ class ForecastGuard:
         """Block until a background forecast in flight has landed (tests, shutdown)."""
         if self._pending is not None:
             wait_futures([self._pending.future], timeout=timeout_s)
+
+
+def switch_target(scores: Mapping[str, float], running: str, topas: str, margin: float) -> str:
+    """The policy to run after a forecast: the lowest score (ties: Topas, then by name) if it
+    beats the running policy's score by more than `margin`, else the running policy (the
+    guard's rule; `suite.selectors` judges it with expected JCTs)."""
+    best = min(scores, key=lambda p: (scores[p], p != topas, p))
+    return best if best != running and scores[best] < scores.get(running, 1.0) * (1.0 - margin) else running
 
 
 def forecast_trace(workflows: Mapping[str, Workflow], rates: Mapping[str, float], tasks: int,

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from ..policies import BASELINES
+from ..policies.forecast import switch_target
 from .ratios import METRICS
+from .report import LOSS_THRESHOLD
 
-# The contract's tolerance: a cell loses when its score exceeds it.
-LOSS_THRESHOLD = 1.02
 CORE_NAMES = ("topas-core", "topas")  # documents from before the rename call the core `topas`
 
 Cell = Mapping[str, Mapping[str, Mapping[str, float]]]  # seed -> policy -> metric -> value
@@ -59,12 +59,6 @@ def contract_scores(cell: Cell, policies: Sequence[str], baselines: Sequence[str
     avg = {p: {m: sum(cell[s][p][m] for s in seeds) / len(seeds) for m in METRICS} for p in policies}
     best = {m: min(avg[b][m] for b in baselines) for m in METRICS}
     return {p: max(avg[p][m] / best[m] for m in METRICS) for p in policies}
-
-
-def pick_with_margin(scores: Mapping[str, float], core: str, margin: float) -> str:
-    """The lowest score, unless it beats the core's by `margin` or less (then the core)."""
-    best = min(scores, key=lambda p: scores[p])
-    return best if scores[best] < scores[core] * (1.0 - margin) else core
 
 
 def _core_name(policies: Sequence[str]) -> str:
@@ -94,7 +88,7 @@ def score_cells(judged: Mapping[str, Any], expected: Mapping[str, Any],
         for load in map(str, judged["loads"]):
             judged_scores = contract_scores(_cell(w, load, {}), policies, baselines)
             x_scores = contract_scores(_cell(by_name[w["name"]], load, {x_core: core}), policies, baselines)
-            pick = pick_with_margin(x_scores, core, margin)
+            pick = switch_target(x_scores, core, core, margin)  # the guard's rule, the core running
             g = None
             if guard:
                 seeds = w["runs"].keys()
