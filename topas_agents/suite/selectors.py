@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..policies import BASELINES
-from ..policies.forecast import switch_target
+from ..policies.forecast import ForecastConfig, switch_target
 from .ratios import METRICS
 from .report import LOSS_THRESHOLD
 
@@ -126,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("expected", type=Path, help="suite JSON (or .json.gz) of the same suite over other arrival seeds")
     p.add_argument("--guard", type=Path, help="suite JSON of the guard on the judged seeds")
     p.add_argument("--guard-policy", default="topas", help="the guard's policy name in --guard (default topas)")
-    p.add_argument("--margin", type=float, default=0.03, help="expectation pick's hysteresis (default 0.03)")
+    p.add_argument("--margin", type=float, default=ForecastConfig().margin,
+                   help="expectation pick's hysteresis (default: the guard's, %(default)s)")
     p.add_argument("--json", type=Path, help="write the summary and every cell as JSON")
     args = p.parse_args(argv)
     try:
