@@ -34,6 +34,7 @@ from ..policies.forecast import ForecastConfig, switch_target
 from .ratios import METRICS
 from .report import LOSS_THRESHOLD
 
+GUARD_MARGIN = ForecastConfig().margin  # the expectation pick uses the guard's rule and margin
 CORE_NAMES = ("topas-core", "topas")  # documents from before the rename call the core `topas`
 
 Cell = Mapping[str, Mapping[str, Mapping[str, float]]]  # seed -> policy -> metric -> value
@@ -74,7 +75,7 @@ def _cell(doc_workflow: Mapping[str, Any], load: str, rename: Mapping[str, str])
 
 
 def score_cells(judged: Mapping[str, Any], expected: Mapping[str, Any],
-                guard: Mapping[str, Any] | None = None, margin: float = 0.03,
+                guard: Mapping[str, Any] | None = None, margin: float = GUARD_MARGIN,
                 guard_policy: str = "topas") -> list[CellScores]:
     """Every cell of `judged` (a suite document), its picks made on `expected`'s seeds."""
     baselines = [b for b in BASELINES if b in judged["policies"]]
@@ -126,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("expected", type=Path, help="suite JSON (or .json.gz) of the same suite over other arrival seeds")
     p.add_argument("--guard", type=Path, help="suite JSON of the guard on the judged seeds")
     p.add_argument("--guard-policy", default="topas", help="the guard's policy name in --guard (default topas)")
-    p.add_argument("--margin", type=float, default=ForecastConfig().margin,
+    p.add_argument("--margin", type=float, default=GUARD_MARGIN,
                    help="expectation pick's hysteresis (default: the guard's, %(default)s)")
     p.add_argument("--json", type=Path, help="write the summary and every cell as JSON")
     args = p.parse_args(argv)
