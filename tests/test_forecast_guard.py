@@ -95,6 +95,35 @@ def test_switch_needs_the_margin_and_is_reversible(monkeypatch):
     assert guard.active is guard.topas
 
 
+def test_early_forecast_is_provisional_then_the_usual_schedule(monkeypatch):
+    """forecast_early=4: a forecast at the 4th arrival switches only past early_margin (5%);
+    the checkpoints at 8, 16 follow with the usual 1% margin."""
+    script = iter([{"lpm": 0.96}, {"lpm": 0.98}, {"lpm": 1.2}])  # per checkpoint, vs topas 1.0
+    margins = []
+
+    def fake_scores(job):
+        return {p: 1.0 for p in job.policies} | next(script)
+
+    real_target = fc.switch_target
+
+    def spy(scores, running, topas, margin):
+        margins.append(margin)
+        return real_target(scores, running, topas, margin)
+
+    monkeypatch.setattr(fc, "run_forecast", fake_scores)
+    monkeypatch.setattr(fc, "switch_target", spy)
+    guard = make_policy("topas", {"forecast_early": "4"})
+    _run(guard, tasks=20)
+    assert [f.arrivals for f in guard.history] == [4, 8, 16]
+    assert margins == [0.05, 0.01, 0.01]
+    # 0.96 is a 4% gain, inside the early 5%: stay; 0.98 clears 1% at the 8th; 1.2 goes back
+    assert [f.chosen for f in guard.history] == ["topas-core", "lpm", "topas-core"]
+    for bad in ({"forecast_early": "8"}, {"forecast_early": "2"}, {"forecast_early_margin": "1"}):
+        with pytest.raises(ConfigError, match="forecast early"):
+            make_policy("topas", bad)
+    assert make_policy("topas").config.early == 0  # off unless asked for
+
+
 def test_a_forecast_trading_mean_for_p99_is_a_loss_by_default(monkeypatch):
     """The default score is the contract's: Topas 10% behind Parrot's mean JCT and 10% ahead of
     its p99 loses by 1.1x, so the guard runs Parrot. The combined score (the mean of the two
