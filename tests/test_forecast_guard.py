@@ -118,9 +118,13 @@ def test_early_forecast_is_provisional_then_the_usual_schedule(monkeypatch):
     assert margins == [0.05, 0.01, 0.01]
     # 0.96 is a 4% gain, inside the early 5%: stay; 0.98 clears 1% at the 8th; 1.2 goes back
     assert [f.chosen for f in guard.history] == ["topas-core", "lpm", "topas-core"]
-    for bad in ({"forecast_early": "8"}, {"forecast_early": "2"}, {"forecast_early_margin": "1"}):
+    for bad in ({"forecast_early": "2"}, {"forecast_early_margin": "1"}):
         with pytest.raises(ConfigError, match="forecast early"):
             make_policy("topas", bad)
+    late = make_policy("topas", {"forecast_early": "8"})  # not before the first: no early forecast
+    monkeypatch.setattr(fc, "run_forecast", lambda job: {p: 1.0 for p in job.policies})
+    _run(late, tasks=20)
+    assert [f.arrivals for f in late.history] == [8, 16]
     assert make_policy("topas").config.early == 0  # off unless asked for
 
 

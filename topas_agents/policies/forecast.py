@@ -57,7 +57,7 @@ class ForecastConfig:
                  cells instead of 17, and on MetaGPT-SOP it costs 1.1 points of p99
                  reduction (docs/suite.md, "an earlier first forecast").
     early        0 (default): no early forecast. Otherwise a provisional first forecast at this
-                 many arrivals (fewer than `first`), which switches only for a predicted gain
+                 many arrivals (none when not fewer than `first`), which switches only for a predicted gain
                  larger than `early_margin`; the forecasts at `first`, `first` x growth, ...
                  follow as usual. A switch at the 8th arrival hands the baseline the queue
                  Topas's first decisions left (docs/suite.md, "an earlier first forecast"),
@@ -116,8 +116,8 @@ class ForecastConfig:
     def __post_init__(self) -> None:
         if self.first < 3:
             raise ConfigError(f"forecast first must be >= 3 arrivals, got {self.first}")
-        if self.early and not 3 <= self.early < self.first:
-            raise ConfigError(f"forecast early must be 0 (off) or in [3, first={self.first}), got {self.early}")
+        if self.early and self.early < 3:
+            raise ConfigError(f"forecast early must be 0 (off) or >= 3 arrivals, got {self.early}")
         if not 0.0 <= self.early_margin < 1.0:
             raise ConfigError(f"forecast early_margin must be in [0, 1), got {self.early_margin}")
         if self.growth <= 1.0:
@@ -207,7 +207,8 @@ class ForecastGuard:
         self.active_name = topas_name
         self.history: list[Forecast] = []
         self._arrivals = _Arrivals()
-        self._next = self.config.early or self.config.first
+        self._early = self.config.early if 0 < self.config.early < self.config.first else 0
+        self._next = self._early or self.config.first
         self.errors: list[str] = []  # background forecasts that failed (the policy ran on)
         self._pool: ProcessPoolExecutor | None = None
         self._pending: _Pending | None = None  # the background forecast in flight
@@ -218,7 +219,7 @@ class ForecastGuard:
             pending, self._pending = self._pending, None
             self._apply(pending, snap.now)
         if self._arrivals.count >= self._next:
-            early = self._next == self.config.early
+            early = self._next == self._early
             margin = self.config.early_margin if early else self.config.margin
             self._next = self.config.first if early else max(self._next + 1, int(self._next * self.config.growth))
             self._checkpoint(snap, margin)
