@@ -75,10 +75,11 @@ def test_arrivals_checkpoints_double_and_rates_are_estimated(monkeypatch):
     monkeypatch.setattr(fc, "run_forecast", fake_scores)
     guard = make_policy("topas")
     _run(guard, tasks=20)
-    assert [f.arrivals for f in guard.history] == [8, 16]  # first = 8, growth 2, 20 tasks
+    assert [f.arrivals for f in guard.history] == [4, 8, 16]  # early 4, first 8, growth 2, 20 tasks
     assert all(f.chosen == "topas-core" for f in guard.history)  # ties never switch
-    (names, rates) = seen[0]
+    (names, rates) = seen[1]
     assert names == ["chain3"] and rates["chain3"].gaps == 7 and rates["chain3"].per_s > 0
+    assert seen[0][1]["chain3"].gaps == 3
 
 
 def test_switch_needs_the_margin_and_is_reversible(monkeypatch):
@@ -96,7 +97,7 @@ def test_switch_needs_the_margin_and_is_reversible(monkeypatch):
 
 
 def test_early_forecast_is_provisional_then_the_usual_schedule(monkeypatch):
-    """forecast_early=4: a forecast at the 4th arrival switches only past early_margin (5%);
+    """forecast_early=4 (the default): a forecast at the 4th arrival switches only past early_margin (5%);
     the checkpoints at 8, 16 follow with the usual 1% margin."""
     script = iter([{"lpm": 0.96}, {"lpm": 0.98}, {"lpm": 1.2}])  # per checkpoint, vs topas 1.0
     margins = []
@@ -112,7 +113,7 @@ def test_early_forecast_is_provisional_then_the_usual_schedule(monkeypatch):
 
     monkeypatch.setattr(fc, "run_forecast", fake_scores)
     monkeypatch.setattr(fc, "switch_target", spy)
-    guard = make_policy("topas", {"forecast_early": "4"})
+    guard = make_policy("topas")  # forecast_early=4 is the default
     _run(guard, tasks=20)
     assert [f.arrivals for f in guard.history] == [4, 8, 16]
     assert margins == [0.05, 0.01, 0.01]
@@ -125,7 +126,9 @@ def test_early_forecast_is_provisional_then_the_usual_schedule(monkeypatch):
     monkeypatch.setattr(fc, "run_forecast", lambda job: {p: 1.0 for p in job.policies})
     _run(late, tasks=20)
     assert [f.arrivals for f in late.history] == [8, 16]
-    assert make_policy("topas").config.early == 0  # off unless asked for
+    off = make_policy("topas", {"forecast_early": "0"})
+    _run(off, tasks=20)
+    assert [f.arrivals for f in off.history] == [8, 16]
 
 
 def test_a_forecast_trading_mean_for_p99_is_a_loss_by_default(monkeypatch):
@@ -191,14 +194,14 @@ def test_scores_combined_and_regret_on_hand_computed_runs():
 
 def test_background_forecast_lands_at_a_later_decision():
     """A real worker process: the run goes on while it simulates; its scores apply later."""
-    guard = make_policy("topas", {"forecast_mode": "background", "forecast_seeds": "0",
-                                        "forecast_tasks": "6", "forecast_candidates": "lpm"})
+    guard = make_policy("topas", {"forecast_mode": "background", "forecast_seeds": "0", "forecast_early": "0",
+                                  "forecast_tasks": "6", "forecast_candidates": "lpm"})
     run = _run(guard, load_rate=0.08, tasks=10)
     assert len(run.tasks) == 10 and guard.errors == []
     guard.wait(timeout_s=120)
     assert guard._pending is not None and guard._pending.future.done()
     _run(guard, load_rate=0.08, tasks=1, seed=4)  # the next decision applies it
-    (landed,) = guard.history
+    (landed,) = guard.history  # (no early forecast here: one checkpoint in flight at a time)
     # submitted at the 8th arrival (7 gaps); applied at the second run's first decision, whose
     # task (an id of the first run, no longer live) is an 11th arrival
     assert landed.rates["chain3"].gaps == 7 and landed.arrivals == 11
