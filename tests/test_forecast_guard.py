@@ -1,4 +1,4 @@
-"""The forecast guard (policies/forecast.py): options, rate estimates, forecast traces, the
+"""The forecast guard (policies/forecast.py, forecast_run.py): options, rate estimates, forecast traces, the
 switching rule, and that it is Topas, decision for decision, while no forecast says otherwise."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from topas_agents.costmodel import load_profile
 from topas_agents.errors import ConfigError
-from topas_agents.policies import close_policy, make_live_policy, make_policy
+from topas_agents.policies import close_policy, forecast_run, make_live_policy, make_policy
 from topas_agents.policies import forecast as fc
 from topas_agents.sim.driver import make_trace, simulate
 from topas_agents.workflow import load_workflow as builtin_workflow
@@ -40,20 +40,20 @@ def test_live_engines_forecast_in_the_background():
 
 
 def test_trace_rates_spread_over_the_rate_estimate():
-    rates = {"w": fc.Rate(0.5, 16)}
+    rates = {"w": forecast_run.Rate(0.5, 16)}
     cfg = fc.ForecastConfig(seeds=(0, 1, 2, 3))
-    got = [fc.trace_rates(rates, i, cfg)["w"] for i in range(4)]
+    got = [forecast_run.trace_rates(rates, i, cfg)["w"] for i in range(4)]
     assert got == sorted(got) and got[0] < 0.5 < got[-1]
     assert got[0] * got[-1] == pytest.approx(0.25) and got[1] * got[2] == pytest.approx(0.25)  # symmetric in log
     # z = 1.15 at (3 + 0.5) / 4; relative error 1 / sqrt(16)
     assert got[-1] == pytest.approx(0.5 * 2.718281828 ** (1.1503 / 4), rel=1e-3)
     flat = fc.ForecastConfig(seeds=(0, 1), spread=0.0)
-    assert [fc.trace_rates(rates, i, flat)["w"] for i in range(2)] == [0.5, 0.5]
+    assert [forecast_run.trace_rates(rates, i, flat)["w"] for i in range(2)] == [0.5, 0.5]
 
 
 def test_forecast_trace_splits_tasks_by_rate():
     a, b = builtin_workflow("chain3"), builtin_workflow("dag4")
-    trace = fc.forecast_trace({"chain3": a, "dag4": b}, {"chain3": 0.3, "dag4": 0.1}, 40, seed=7)
+    trace = forecast_run.forecast_trace({"chain3": a, "dag4": b}, {"chain3": 0.3, "dag4": 0.1}, 40, seed=7)
     names = [p.workflow.name for p in trace]
     assert names.count("chain3") == 30 and names.count("dag4") == 10
     assert [p.arrival_s for p in trace] == sorted(p.arrival_s for p in trace)
@@ -137,7 +137,7 @@ def test_a_forecast_trading_mean_for_p99_is_a_loss_by_default(monkeypatch):
     ratios to Topas: 1.01 for Parrot) keeps Topas."""
     runs = {"topas-core": (110.0, 180.0), "fcfs": (150.0, 260.0), "lpm": (130.0, 220.0),
             "parrot": (100.0, 200.0), "las": (160.0, 300.0), "spf": (120.0, 240.0)}
-    monkeypatch.setattr(fc, "_simulate_trace", lambda job, i, seed: {p: runs[p] for p in job.policies})
+    monkeypatch.setattr(forecast_run, "_simulate_trace", lambda job, i, seed: {p: runs[p] for p in job.policies})
     guard = make_policy("topas", {"forecast_first": "4"})
     _run(guard, tasks=6)
     first = guard.history[0]
@@ -176,17 +176,17 @@ def test_scores_combined_and_regret_on_hand_computed_runs():
     inf = float("inf")
     runs = [{"topas-core": (100.0, 200.0), "lpm": (90.0, 240.0), "parrot": (110.0, 180.0)},
             {"topas-core": (100.0, 200.0), "lpm": (80.0, 220.0), "parrot": (inf, inf)}]
-    combined = fc._combined_scores(runs, "topas-core")
+    combined = forecast_run._combined_scores(runs, "topas-core")
     assert combined["topas-core"] == 1.0
     assert combined["lpm"] == pytest.approx(((0.9 + 1.2) / 2 + (0.8 + 1.1) / 2) / 2)
     assert combined["parrot"] == inf
-    regret = fc._regret_scores(runs, ("lpm", "parrot"))
+    regret = forecast_run._regret_scores(runs, ("lpm", "parrot"))
     # trace 1: best mean 90 (lpm), best p99 180 (parrot); trace 2: 80 and 220 (lpm; parrot failed).
     assert regret["topas-core"] == pytest.approx(max((100 / 90 + 100 / 80) / 2, (200 / 180 + 200 / 220) / 2))
     assert regret["lpm"] == pytest.approx(max(1.0, (240 / 180 + 1.0) / 2))
     assert regret["parrot"] == inf
     # Every candidate failed on a trace: its reference is the best run there (topas).
-    assert fc._regret_scores([{"topas-core": (10.0, 20.0), "lpm": (inf, inf)}], ("lpm",))["topas-core"] == 1.0
+    assert forecast_run._regret_scores([{"topas-core": (10.0, 20.0), "lpm": (inf, inf)}], ("lpm",))["topas-core"] == 1.0
     with pytest.raises(ConfigError, match="forecast score"):
         make_policy("topas", {"forecast_score": "best"})
     assert make_policy("topas", {"forecast_score": "regret"}).config.score == "regret"

@@ -33,16 +33,12 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
-from statistics import NormalDist
 from typing import Any, Literal, NamedTuple
 
-import numpy as np
-
-from ..costmodel import Profile
-from ..errors import ConfigError, TopasError
+from ..errors import ConfigError
 from ..snapshot import Decision, Snapshot
-from ..workflow import TaskPlan, Workflow
 from . import BASELINES, LIVE_OPTIONS, Policy, make_policy
+from .forecast_run import ForecastJob, Rate, run_forecast
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +118,6 @@ class ForecastConfig:
             raise ConfigError(f"forecast first must be >= 3 arrivals, got {self.first}")
         if self.early and self.early < 3:
             raise ConfigError(f"forecast early must be 0 (off) or >= 3 arrivals, got {self.early}")
-        if not 0.0 <= self.early_margin < 1.0:
-            raise ConfigError(f"forecast early_margin must be in [0, 1), got {self.early_margin}")
         if self.growth <= 1.0:
             raise ConfigError(f"forecast growth must be > 1, got {self.growth}")
         if self.window < 3 or self.tasks < 2 or not self.seeds:
@@ -132,8 +126,9 @@ class ForecastConfig:
             raise ConfigError(f"forecast mode must be inline or background, got {self.mode!r}")
         if self.score not in ("combined", "regret"):
             raise ConfigError(f"forecast score must be combined or regret, got {self.score!r}")
-        if not 0.0 <= self.margin < 1.0:
-            raise ConfigError(f"forecast margin must be in [0, 1), got {self.margin}")
+        for name, value in (("margin", self.margin), ("early_margin", self.early_margin)):
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"forecast {name} must be in [0, 1), got {value}")
 
 
 # Seconds close() waits for the forecast worker to exit after SIGTERM (it exits in well under
@@ -142,13 +137,6 @@ CLOSE_GRACE_S = 5.0
 
 ForecastMode = Literal["inline", "background"]
 ForecastScore = Literal["combined", "regret"]
-
-
-class Rate(NamedTuple):
-    """An arrival rate (tasks/s) and the number of gaps it was estimated from."""
-
-    per_s: float
-    gaps: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,106 +281,12 @@ def switch_target(scores: Mapping[str, float], running: str, topas: str, margin:
     return best if best != running and scores[best] < scores.get(running, 1.0) * (1.0 - margin) else running
 
 
-def forecast_trace(workflows: Mapping[str, Workflow], rates: Mapping[str, float], tasks: int,
-                   seed: int) -> tuple[TaskPlan, ...]:
-    """`tasks` tasks in all, split across workflows by rate, each workflow Poisson at its rate
-    (tasks/s), merged in arrival order (ids stay unique: they carry the workflow's name)."""
-    from ..sim.driver import make_trace
-
-    total = sum(rates.values())
-    plans: list[TaskPlan] = []
-    for name, wf in sorted(workflows.items()):
-        n = max(1, round(tasks * rates[name] / total))
-        plans += make_trace(wf, n, rates[name], seed)
-    return tuple(sorted(plans, key=lambda p: (p.arrival_s, p.task_id)))
-
-
-def trace_rates(rates: Mapping[str, Rate], i: int, config: ForecastConfig) -> dict[str, float]:
-    """The rates trace `i` runs at (ForecastConfig.spread)."""
-    z = NormalDist().inv_cdf((i + 0.5) / len(config.seeds))
-    return {name: r.per_s * float(np.exp(config.spread * z / np.sqrt(r.gaps))) for name, r in rates.items()}
-
-
-class ForecastJob(NamedTuple):
-    """What one forecast simulates (picklable: background forecasts run in a worker process)."""
-
-    workflows: Mapping[str, Workflow]
-    rates: Mapping[str, Rate]
-    profile: Profile
-    kv_budget: int
-    policies: tuple[str, ...]  # Topas first: the scores are relative to it
-    topas_options: Mapping[str, Any]
-    config: ForecastConfig
-
-
 class _Pending(NamedTuple):
     """A background forecast in flight, the job it simulates and the margin it switches by."""
 
     future: Future[dict[str, float]]
     job: ForecastJob
     margin: float
-
-
-def run_forecast(job: ForecastJob) -> dict[str, float]:
-    """Each policy's forecast score (lower is better; ForecastConfig.score says how), from
-    the same synthetic traces for every policy. A policy whose simulation fails scores
-    infinity (never chosen); a trace on which the reference fails is scored relative to its
-    best run. A trace on which every policy fails scores nothing finite (infinities and NaN)."""
-    runs = [_simulate_trace(job, i, seed) for i, seed in enumerate(job.config.seeds)]
-    if job.config.score == "regret":
-        return _regret_scores(runs, job.policies[1:])
-    return _combined_scores(runs, job.policies[0])
-
-
-def _simulate_trace(job: ForecastJob, i: int, seed: int) -> dict[str, tuple[float, float]]:
-    """Trace `i`: policy -> (mean JCT, p99 JCT), infinities where the simulation failed."""
-    from ..sim.driver import simulate
-
-    trace = forecast_trace(job.workflows, trace_rates(job.rates, i, job.config), job.config.tasks, seed)
-    runs: dict[str, tuple[float, float]] = {}
-    for name in job.policies:
-        options = job.topas_options if name == job.policies[0] else None
-        try:
-            run = simulate(trace, make_policy(name, options), job.profile, kv_budget=job.kv_budget,
-                           host_tier=job.profile.host_tier)
-        except TopasError:
-            runs[name] = (np.inf, np.inf)
-            continue
-        runs[name] = (run.mean_jct, run.p99_jct)
-    return runs
-
-
-def _reference(runs: Mapping[str, tuple[float, float]], names: tuple[str, ...]) -> tuple[float, float]:
-    """Each metric's best over `names`; over every run where none of `names` finished."""
-    mean = min(runs[n][0] for n in names)
-    p99 = min(runs[n][1] for n in names)
-    if not np.isfinite(mean):
-        mean = min(m for m, _ in runs.values())
-        p99 = min(p for _, p in runs.values())
-    return mean, p99
-
-
-def _combined_scores(runs: list[dict[str, tuple[float, float]]], topas: str) -> dict[str, float]:
-    """Per trace the mean of mean-JCT and p99-JCT ratios to Topas, averaged over traces."""
-    ratios: dict[str, list[float]] = {p: [] for p in runs[0]}
-    for trace in runs:
-        ref_mean, ref_p99 = _reference(trace, (topas,))
-        for name, (mean, p99) in trace.items():
-            ratios[name].append(0.5 * (mean / ref_mean + p99 / ref_p99))
-    return {name: float(np.mean(v)) for name, v in ratios.items()}
-
-
-def _regret_scores(runs: list[dict[str, tuple[float, float]]], candidates: tuple[str, ...]) -> dict[str, float]:
-    """The larger of the mean-JCT and p99-JCT ratios to each metric's best candidate, each
-    ratio averaged over the traces first (the contract: per metric, averaged over seeds)."""
-    means: dict[str, list[float]] = {p: [] for p in runs[0]}
-    p99s: dict[str, list[float]] = {p: [] for p in runs[0]}
-    for trace in runs:
-        ref_mean, ref_p99 = _reference(trace, candidates)
-        for name, (mean, p99) in trace.items():
-            means[name].append(mean / ref_mean)
-            p99s[name].append(p99 / ref_p99)
-    return {name: float(max(np.mean(means[name]), np.mean(p99s[name]))) for name in means}
 
 
 def make_topas_guard(**options: Any) -> ForecastGuard:

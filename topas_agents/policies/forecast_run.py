@@ -1,0 +1,122 @@
+"""One forecast of the guard (`policies/forecast.py`): the synthetic traces it simulates from
+the observed arrival rates, and how it scores the policies on them. A forecast runs inline
+in `decide` or in a worker process (live engines), so what it needs travels as one picklable
+`ForecastJob`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from statistics import NormalDist
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from ..costmodel import Profile
+from ..errors import TopasError
+from ..workflow import TaskPlan, Workflow
+from . import make_policy
+
+if TYPE_CHECKING:
+    from .forecast import ForecastConfig
+
+
+class Rate(NamedTuple):
+    """An arrival rate (tasks/s) and the number of gaps it was estimated from."""
+
+    per_s: float
+    gaps: int
+
+
+def forecast_trace(workflows: Mapping[str, Workflow], rates: Mapping[str, float], tasks: int,
+                   seed: int) -> tuple[TaskPlan, ...]:
+    """`tasks` tasks in all, split across workflows by rate, each workflow Poisson at its rate
+    (tasks/s), merged in arrival order (ids stay unique: they carry the workflow's name)."""
+    from ..sim.driver import make_trace
+
+    total = sum(rates.values())
+    plans: list[TaskPlan] = []
+    for name, wf in sorted(workflows.items()):
+        n = max(1, round(tasks * rates[name] / total))
+        plans += make_trace(wf, n, rates[name], seed)
+    return tuple(sorted(plans, key=lambda p: (p.arrival_s, p.task_id)))
+
+
+def trace_rates(rates: Mapping[str, Rate], i: int, config: ForecastConfig) -> dict[str, float]:
+    """The rates trace `i` runs at (ForecastConfig.spread)."""
+    z = NormalDist().inv_cdf((i + 0.5) / len(config.seeds))
+    return {name: r.per_s * float(np.exp(config.spread * z / np.sqrt(r.gaps))) for name, r in rates.items()}
+
+
+class ForecastJob(NamedTuple):
+    """What one forecast simulates (picklable: background forecasts run in a worker process)."""
+
+    workflows: Mapping[str, Workflow]
+    rates: Mapping[str, Rate]
+    profile: Profile
+    kv_budget: int
+    policies: tuple[str, ...]  # Topas first: the scores are relative to it
+    topas_options: Mapping[str, Any]
+    config: ForecastConfig
+
+
+def run_forecast(job: ForecastJob) -> dict[str, float]:
+    """Each policy's forecast score (lower is better; ForecastConfig.score says how), from
+    the same synthetic traces for every policy. A policy whose simulation fails scores
+    infinity (never chosen); a trace on which the reference fails is scored relative to its
+    best run. A trace on which every policy fails scores nothing finite (infinities and NaN)."""
+    runs = [_simulate_trace(job, i, seed) for i, seed in enumerate(job.config.seeds)]
+    if job.config.score == "regret":
+        return _regret_scores(runs, job.policies[1:])
+    return _combined_scores(runs, job.policies[0])
+
+
+def _simulate_trace(job: ForecastJob, i: int, seed: int) -> dict[str, tuple[float, float]]:
+    """Trace `i`: policy -> (mean JCT, p99 JCT), infinities where the simulation failed."""
+    from ..sim.driver import simulate
+
+    trace = forecast_trace(job.workflows, trace_rates(job.rates, i, job.config), job.config.tasks, seed)
+    runs: dict[str, tuple[float, float]] = {}
+    for name in job.policies:
+        options = job.topas_options if name == job.policies[0] else None
+        try:
+            run = simulate(trace, make_policy(name, options), job.profile, kv_budget=job.kv_budget,
+                           host_tier=job.profile.host_tier)
+        except TopasError:
+            runs[name] = (np.inf, np.inf)
+            continue
+        runs[name] = (run.mean_jct, run.p99_jct)
+    return runs
+
+
+def _reference(runs: Mapping[str, tuple[float, float]], names: tuple[str, ...]) -> tuple[float, float]:
+    """Each metric's best over `names`; over every run where none of `names` finished."""
+    mean = min(runs[n][0] for n in names)
+    p99 = min(runs[n][1] for n in names)
+    if not np.isfinite(mean):
+        mean = min(m for m, _ in runs.values())
+        p99 = min(p for _, p in runs.values())
+    return mean, p99
+
+
+def _combined_scores(runs: list[dict[str, tuple[float, float]]], topas: str) -> dict[str, float]:
+    """Per trace the mean of mean-JCT and p99-JCT ratios to Topas, averaged over traces."""
+    ratios: dict[str, list[float]] = {p: [] for p in runs[0]}
+    for trace in runs:
+        ref_mean, ref_p99 = _reference(trace, (topas,))
+        for name, (mean, p99) in trace.items():
+            ratios[name].append(0.5 * (mean / ref_mean + p99 / ref_p99))
+    return {name: float(np.mean(v)) for name, v in ratios.items()}
+
+
+def _regret_scores(runs: list[dict[str, tuple[float, float]]], candidates: tuple[str, ...]) -> dict[str, float]:
+    """The larger of the mean-JCT and p99-JCT ratios to each metric's best candidate, each
+    ratio averaged over the traces first (the contract: per metric, averaged over seeds)."""
+    means: dict[str, list[float]] = {p: [] for p in runs[0]}
+    p99s: dict[str, list[float]] = {p: [] for p in runs[0]}
+    for trace in runs:
+        ref_mean, ref_p99 = _reference(trace, candidates)
+        for name, (mean, p99) in trace.items():
+            means[name].append(mean / ref_mean)
+            p99s[name].append(p99 / ref_p99)
+    return {name: float(max(np.mean(means[name]), np.mean(p99s[name]))) for name in means}
