@@ -17,13 +17,8 @@ from topas_agents.server import ServerConfig, start_server_in_thread
 from topas_agents.server.api_errors import ApiError
 from topas_agents.server.openai_format import ChunkWriter, ToolCall, full_response, parse_tools
 from topas_agents.server.protocol import Message
-from topas_agents.server.responders import (
-    MAX_ARRAY_ITEMS,
-    MAX_STRING_CHARS,
-    EchoResponder,
-    ResponseContext,
-    tool_arguments,
-)
+from topas_agents.server.responders import EchoResponder, ResponseContext
+from topas_agents.server.schema_fill import MAX_ARRAY_ITEMS, MAX_STRING_CHARS, tool_arguments
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
