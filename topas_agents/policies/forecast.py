@@ -57,7 +57,8 @@ class ForecastConfig:
                  `early_margin`; the forecasts at `first`, `first` x growth, ... follow as
                  usual. 4: a run under it is either the run with `first` = 4 (the early
                  forecast switched) or the run without it; on the first held-out suite it
-                 loses in 13 cells of 72 instead of 17 and leaves the built-ins as they were
+                 loses in 13 cells of 72 instead of 17, on the second in the same 7 (its
+                 worst 1.115 -> 1.124), and it leaves the built-ins as they were
                  (MetaGPT-SOP's p99, which `first` = 4 cost 1.1 points, unchanged). Why:
                  a switch at the 8th arrival hands the baseline the queue Topas's first
                  decisions left (docs/suite.md, "an earlier first forecast"), while a rate
