@@ -129,6 +129,10 @@ def add_parser(subparsers: Any) -> None:
                         "the arrival seeds, so a held-out suite is --suite-seed N --seeds ...)")
     p.add_argument("--worst-dir", default="results/suite-worst", metavar="DIR",
                    help="--suite: where the worst cases are written (default results/suite-worst)")
+    p.add_argument("--reuse", default=None, metavar="FILE.json",
+                   help="--suite: take the baselines' runs from an earlier --json of the same suite "
+                        "(same --suite-seed, --tasks, profile, budget, host tier; checked) instead of "
+                        "rerunning them; the policies judged always run")
     from ..cluster.cli import add_cluster_bench_options
 
     add_cluster_bench_options(p)  # --replicas, --router, --tasks-per-replica, --scaling, --p99-target

@@ -2,7 +2,7 @@
 
 Attributes read (the bench parser's names; the optional ones with `getattr` defaults, so a
 parser that lacks them still works): suite, workflows, suite_seed, seed, seeds, load, tasks, profile,
-kv_budget, policies, json, no_progress, worst_dir, and optionally jobs (1), worst_n (5),
+kv_budget, policies, json, no_progress, worst_dir, and optionally jobs (1), worst_n (5), reuse (None),
 policy_options (a ready policy -> options mapping) or policy_config / policy_opt (the bench's
 raw option flags), host_tier (a bench.hosttier.HostTier, a bool, or None) or no_host_tier.
 """
@@ -70,6 +70,7 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
         policy_options=_policy_options(args, policies),
         jobs=int(getattr(args, "jobs", None) or 1),
         progress=not getattr(args, "no_progress", False) and sys.stderr.isatty(),
+        reuse=Path(args.reuse) if getattr(args, "reuse", None) else None,
     )
 
 

@@ -188,6 +188,9 @@ def format_report(results: Sequence[WorkflowResult], config: SuiteConfig,
     lines.append(f"{FLOOR_LABEL}: at each workflow and load the one baseline whose worse metric is "
                  "closest to the best baseline, picked with hindsight (a perfect selector of stock "
                  "policies); vs_lpm: per load, relative to LPM alone")
+    if config.reuse is not None:
+        lines.append(f"baselines' runs reused from {config.reuse}: {sum(r.reused for r in results)} of "
+                     f"{len(results) * len(config.seeds) * len(config.loads) * len(config.baselines)}")
     fails = failures(results)
     if fails:
         lines += ["", f"FAILED runs ({len(fails)}; no metrics, not in the ratios above):"]
@@ -244,6 +247,9 @@ def result_json(results: Sequence[WorkflowResult], config: SuiteConfig, worst: S
         "policies": list(config.policies),
         "policy_options": options_record(config.policy_options),
         "loss_threshold": LOSS_THRESHOLD,
+        # --reuse: the file the baselines' runs came from, and how many (suite.reuse)
+        "reused": None if config.reuse is None else {"file": str(config.reuse),
+                                                     "runs": sum(r.reused for r in results)},
         "distribution": {p: {m: {k: d.as_dict() for k, d in rules.items()}
                              for m, rules in distributions(results, p).items()} for p in config.compared},
         "baseline_floor": {m: d.as_dict() for m, d in floor_distributions(results).items()},

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..costmodel import Profile
@@ -40,6 +41,7 @@ class SuiteConfig:
     policy_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     jobs: int = 1
     progress: bool = False
+    reuse: Path | None = None  # an earlier suite JSON whose baseline runs are taken (suite.reuse)
 
     @property
     def budget(self) -> int:
@@ -60,6 +62,11 @@ class Job:
     index: int
     seed: int
     workflow: Workflow
+    reused: Mapping[float, Mapping[str, Mapping[str, Any]]] = field(default_factory=dict)  # load -> baseline -> row
+
+    def to_run(self, config: SuiteConfig) -> tuple[str, ...]:
+        """The policies without a reused run at every load."""
+        return tuple(p for p in config.policies if not all(p in self.reused.get(u, {}) for u in config.loads))
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class WorkflowResult:
     per_load: Mapping[str, Mapping[str, tuple[Ratio, ...]]]  # policy -> metric -> one per load
     vs_lpm: Mapping[str, Mapping[str, tuple[Ratio, ...]]]  # the same, relative to LPM alone ({} without lpm)
     floor: Mapping[str, tuple[Ratio, ...]]  # metric -> one per load (ratios.baseline_floor)
+    reused: int = 0  # how many of `runs` came from --reuse's file
 
 
 def validate(config: SuiteConfig) -> None:
@@ -97,17 +105,25 @@ def _bench(job: Job, config: SuiteConfig, policies: tuple[str, ...], loads: tupl
 
 
 def run_job(job: Job, config: SuiteConfig) -> dict[float, dict[str, dict[str, Any]]]:
-    """One workflow at one seed: load -> policy -> kept metrics. A run that fails (e.g. the
-    simulator reports a stalled policy) does not sink the suite: the job is rerun one
-    (load, policy) at a time (same traces: they depend on the seed and rate only) and each
-    failed run is kept as `{"error": message}` with no metrics."""
+    """One workflow at one seed: load -> policy -> kept metrics, in `config.policies` order.
+    Reused runs are not rerun (a policy is run at every load unless it was reused at all of
+    them). A run that fails (e.g. the simulator reports a stalled policy) does not sink the
+    suite: the job is rerun one (load, policy) at a time (same traces: they depend on the seed
+    and rate only) and each failed run is kept as `{"error": message}` with no metrics."""
+    todo = job.to_run(config)
+    ran = _run_policies(job, config, todo) if todo else {}
+    return {u: {p: ran[u][p] if p in todo else dict(job.reused[u][p]) for p in config.policies}
+            for u in config.loads}
+
+
+def _run_policies(job: Job, config: SuiteConfig, policies: tuple[str, ...]) -> dict[float, dict[str, dict[str, Any]]]:
     try:
-        return _bench(job, config, config.policies, config.loads)
+        return _bench(job, config, policies, config.loads)
     except TopasError:
         pass
     out: dict[float, dict[str, dict[str, Any]]] = {}
     for u in config.loads:
-        for p in config.policies:
+        for p in policies:
             try:
                 row = _bench(job, config, (p,), (u,))[u][p]
             except TopasError as exc:
@@ -147,19 +163,35 @@ def _run_all(jobs: list[Job], config: SuiteConfig) -> dict[tuple[int, int], Any]
     return out
 
 
-def judge(gen: GeneratedWorkflow, runs: Runs, config: SuiteConfig) -> WorkflowResult:
+def judge(gen: GeneratedWorkflow, runs: Runs, config: SuiteConfig, reused: int = 0) -> WorkflowResult:
     paper = {p: {m: paper_rule(runs, p, m, config.baselines) for m in METRICS} for p in config.compared}
     loads = {p: {m: per_load(runs, p, m, config.baselines) for m in METRICS} for p in config.compared}
     # The stock scheduler users swap out: "never slower than LPM" is the promise in its plainest form.
     vs_lpm = ({p: {m: per_load(runs, p, m, ("lpm",)) for m in METRICS} for p in config.compared}
               if "lpm" in config.baselines else {})
-    return WorkflowResult(gen, runs, paper, loads, vs_lpm, baseline_floor(runs, config.baselines))
+    return WorkflowResult(gen, runs, paper, loads, vs_lpm, baseline_floor(runs, config.baselines), reused)
+
+
+def _reused_count(job: Job, config: SuiteConfig) -> int:
+    todo = job.to_run(config)
+    return sum(p not in todo for p in config.policies) * len(config.loads)
 
 
 def run_suite(config: SuiteConfig) -> tuple[WorkflowResult, ...]:
-    """Generate the workflows, run every job, and judge each workflow."""
+    """Generate the workflows, run every job (less what `config.reuse` supplies), and judge
+    each workflow."""
     validate(config)
     suite = generate_suite(config.workflows, config.gen_seed, config.budget, loads=config.loads)
-    jobs = [Job(g.index, s, g.workflow) for g in suite for s in config.seeds]
-    done = _run_all(jobs, config)
-    return tuple(judge(g, {s: done[g.index, s] for s in sorted(config.seeds)}, config) for g in suite)
+    reused = {}
+    if config.reuse is not None:
+        from .reuse import load_reused
+
+        reused = load_reused(config.reuse, config, suite)
+    jobs = [Job(g.index, s, g.workflow, reused.get((g.index, s), {})) for g in suite for s in config.seeds]
+    done = _run_all([j for j in jobs if j.to_run(config)], config)
+    for job in jobs:  # every run of these came from the file
+        if (job.index, job.seed) not in done:
+            done[job.index, job.seed] = run_job(job, config)
+    counts = {(j.index, j.seed): _reused_count(j, config) for j in jobs}
+    return tuple(judge(g, {s: done[g.index, s] for s in sorted(config.seeds)}, config,
+                       sum(counts[g.index, s] for s in config.seeds)) for g in suite)

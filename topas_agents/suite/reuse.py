@@ -1,0 +1,103 @@
+"""Baseline runs taken from an earlier suite JSON (`topas bench --suite random --reuse FILE`).
+
+A suite run spends most of its baseline CPU on the same five stock schedulers every time a
+variant of Topas is judged. Their runs depend only on the workflow, the arrival seed, the
+load, the task count, the profile, the KV budget, the host tier and their own options (each
+load's trace is drawn from the seed and the rate alone), so a run already in a suite JSON of
+the same suite is the run this suite would make. What is checked before anything is reused:
+
+* the file is a random-suite JSON with the same generator seed, task count, profile, KV
+  budget and host tier;
+* every stored workflow that this suite generates under the same name is the same workflow
+  (a generator change would otherwise pair new workflows with old runs);
+* each reused baseline ran with the same options (`--policy-opt`) as now.
+
+Only the baselines are reused: the policies being judged are the ones being changed. What is
+not checked is the code: a change to a baseline or to the simulator since the file was
+written is not detected, so the JSON says which file the baselines came from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..bench.options import options_record
+from ..errors import ConfigError
+from .generate import GeneratedWorkflow, workflow_to_dict
+
+# job key (workflow index, arrival seed) -> load -> baseline -> kept metrics
+ReusedRuns = dict[tuple[int, int], dict[float, dict[str, dict[str, Any]]]]
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"--reuse {path}: cannot read it ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--reuse {path}: not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("suite") != "random" or not isinstance(doc.get("workflows"), list):
+        raise ConfigError(f"--reuse {path}: not a random-suite JSON (topas bench --suite random --json)")
+    return doc
+
+
+def _check_setup(doc: Mapping[str, Any], path: Path, config: Any) -> None:
+    want = {"gen_seed": config.gen_seed, "tasks": config.tasks, "profile": config.profile.name,
+            "kv_budget": config.budget, "host_tier": getattr(config.host_tier, "label", config.host_tier)}
+    for key, value in want.items():
+        if doc.get(key) != value:
+            raise ConfigError(f"--reuse {path}: its {key} is {doc.get(key)!r}, this suite's is {value!r}; "
+                              "only runs of the same suite can be reused")
+    stored = doc.get("policy_options") or {}
+    current = options_record(config.policy_options)
+    for policy in config.baselines:
+        if stored.get(policy) != current.get(policy):
+            raise ConfigError(f"--reuse {path}: {policy} ran with options {stored.get(policy) or {}}, "
+                              f"here {current.get(policy) or {}}")
+
+
+def _same_workflow(stored: Any, gen: GeneratedWorkflow) -> bool:
+    # A JSON round trip on both sides: the stored dict has lists where the generator has tuples.
+    return json.loads(json.dumps(stored)) == json.loads(json.dumps(workflow_to_dict(gen.workflow)))
+
+
+def _rows(stored_runs: Mapping[str, Any], seed: int, loads: Sequence[float],
+          baselines: Sequence[str]) -> dict[float, dict[str, dict[str, Any]]]:
+    by_load = stored_runs.get(str(seed)) or {}
+    out: dict[float, dict[str, dict[str, Any]]] = {}
+    for u in loads:
+        rows = by_load.get(f"{u:g}") or {}
+        kept = {p: dict(rows[p]) for p in baselines
+                if isinstance(rows.get(p), dict) and not rows[p].get("error")}
+        if kept:
+            out[u] = kept
+    return out
+
+
+def load_reused(path: Path, config: Any, suite: Sequence[GeneratedWorkflow]) -> ReusedRuns:
+    """The baselines' runs in `path` that this suite (`config`, a SuiteConfig, and its
+    generated workflows) would make; ConfigError when the file is another suite's."""
+    doc = _read(path)
+    _check_setup(doc, path, config)
+    stored = {w.get("name"): w for w in doc["workflows"] if isinstance(w, dict)}
+    out: ReusedRuns = {}
+    for gen in suite:
+        entry = stored.get(gen.workflow.name)
+        if entry is None:
+            continue
+        if not _same_workflow(entry.get("workflow"), gen):
+            raise ConfigError(f"--reuse {path}: its {gen.workflow.name} is not the workflow this suite "
+                              "generates under that name (was the generator changed?)")
+        for seed in config.seeds:
+            rows = _rows(entry.get("runs") or {}, seed, config.loads, config.baselines)
+            if rows:
+                out[gen.index, seed] = rows
+    return out
+
+
+def count_reused(reused: ReusedRuns) -> int:
+    """How many (workflow, seed, load, baseline) runs were taken from the file."""
+    return sum(len(rows) for by_load in reused.values() for rows in by_load.values())
