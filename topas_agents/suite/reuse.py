@@ -97,7 +97,3 @@ def load_reused(path: Path, config: Any, suite: Sequence[GeneratedWorkflow]) -> 
                 out[gen.index, seed] = rows
     return out
 
-
-def count_reused(reused: ReusedRuns) -> int:
-    """How many (workflow, seed, load, baseline) runs were taken from the file."""
-    return sum(len(rows) for by_load in reused.values() for rows in by_load.values())

@@ -188,10 +188,7 @@ def run_suite(config: SuiteConfig) -> tuple[WorkflowResult, ...]:
 
         reused = load_reused(config.reuse, config, suite)
     jobs = [Job(g.index, s, g.workflow, reused.get((g.index, s), {})) for g in suite for s in config.seeds]
-    done = _run_all([j for j in jobs if j.to_run(config)], config)
-    for job in jobs:  # every run of these came from the file
-        if (job.index, job.seed) not in done:
-            done[job.index, job.seed] = run_job(job, config)
+    done = _run_all(jobs, config)  # every job runs: the judged policies are never reused
     counts = {(j.index, j.seed): _reused_count(j, config) for j in jobs}
     return tuple(judge(g, {s: done[g.index, s] for s in sorted(config.seeds)}, config,
                        sum(counts[g.index, s] for s in config.seeds)) for g in suite)
