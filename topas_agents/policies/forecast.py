@@ -38,7 +38,7 @@ from typing import Any, Literal, NamedTuple
 from ..errors import ConfigError
 from ..snapshot import Decision, Snapshot
 from . import BASELINES, LIVE_OPTIONS, Policy, make_policy
-from .forecast_run import ForecastJob, Rate, run_forecast
+from .forecast_run import ForecastJob, Rate, Stint, run_forecast
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,17 @@ class ForecastConfig:
                  p99 for mean is charged for the loss and not credited for the gain).
                  "combined": the mean of its mean-JCT and p99-JCT ratios to Topas; it kept
                  Topas where Topas gave up 5-18% of mean JCT for a p99 gain (docs/suite.md).
+    switch       what a candidate's simulation starts from. "fresh" (default): each candidate
+                 runs the whole trace alone, from an empty engine, so the forecast prices
+                 running a policy, not taking over from another. "modelled": each candidate's
+                 run replays the policies the guard ran so far (each from the arrival count at
+                 which it started) and takes over at the current count, so the forecast scores
+                 the switch being decided; the candidates' runs cost more (the replayed part
+                 runs the core). Why try it: on the tuning suite 7 of 52 switched runs ended
+                 more than 2% slower than every policy alone. Opt-in: on that suite's first 8
+                 workflows it changed 3 of 24 cells (2 gained a little, 1 lost: losing cells
+                 2 -> 3), so it is not the default (docs/suite.md, "The tuning suite at the
+                 shipped defaults").
     mode         "inline": a checkpoint simulates inside `decide` (deterministic; for the
                  simulator, whose clock does not see CPU time); "background": one worker
                  process simulates while the engine keeps serving, and the result applies
@@ -112,6 +123,7 @@ class ForecastConfig:
     margin: float = 0.01
     spread: float = 1.0
     score: ForecastScore = "regret"
+    switch: ForecastSwitch = "fresh"
     mode: ForecastMode = "inline"
 
     def __post_init__(self) -> None:
@@ -127,6 +139,8 @@ class ForecastConfig:
             raise ConfigError(f"forecast mode must be inline or background, got {self.mode!r}")
         if self.score not in ("combined", "regret"):
             raise ConfigError(f"forecast score must be combined or regret, got {self.score!r}")
+        if self.switch not in ("fresh", "modelled"):
+            raise ConfigError(f"forecast switch must be fresh or modelled, got {self.switch!r}")
         for name, value in (("margin", self.margin), ("early_margin", self.early_margin)):
             if not 0.0 <= value < 1.0:
                 raise ConfigError(f"forecast {name} must be in [0, 1), got {value}")
@@ -138,6 +152,7 @@ CLOSE_GRACE_S = 5.0
 
 ForecastMode = Literal["inline", "background"]
 ForecastScore = Literal["combined", "regret"]
+ForecastSwitch = Literal["fresh", "modelled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +214,7 @@ class ForecastGuard:
         self.active: Policy = self.topas
         self.active_name = topas_name
         self.history: list[Forecast] = []
+        self.stints: list[Stint] = [Stint(0, topas_name)]  # what ran, from which arrival count
         self._arrivals = _Arrivals()
         self._early = self.config.early if 0 < self.config.early < self.config.first else 0
         self._next = self._early or self.config.first
@@ -225,7 +241,8 @@ class ForecastGuard:
         if not rates or self._pending is not None:  # a background forecast still runs: let it land
             return
         job = ForecastJob({name: snap.workflows[name] for name in rates}, rates, snap.profile, snap.kv_budget,
-                          (self._topas_name, *self.config.candidates), self._topas_options, self.config)
+                          (self._topas_name, *self.config.candidates), self._topas_options, self.config,
+                          tuple(self.stints), self._arrivals.count)
         if self.config.mode == "inline":
             self._choose(job, run_forecast(job), snap.now, margin)
             return
@@ -248,6 +265,7 @@ class ForecastGuard:
         if best != self.active_name:
             self.active = self.topas if best == self._topas_name else make_policy(best)
             self.active_name = best
+            self.stints.append(Stint(self._arrivals.count, best))
         self.history.append(Forecast(now, self._arrivals.count, job.rates, dict(scores), self.active_name))
         logger.info("%s: forecast at %d arrivals: %s; running %s", self.name, self._arrivals.count,
                     ", ".join(f"{p} {v:.3f}" for p, v in scores.items()), self.active_name)

@@ -48,6 +48,13 @@ def trace_rates(rates: Mapping[str, Rate], i: int, config: ForecastConfig) -> di
     return {name: r.per_s * float(np.exp(config.spread * z / np.sqrt(r.gaps))) for name, r in rates.items()}
 
 
+class Stint(NamedTuple):
+    """A policy the guard ran, from the labelled arrival count at which it started."""
+
+    start: int
+    policy: str
+
+
 class ForecastJob(NamedTuple):
     """What one forecast simulates (picklable: background forecasts run in a worker process)."""
 
@@ -58,6 +65,40 @@ class ForecastJob(NamedTuple):
     policies: tuple[str, ...]  # Topas first: the scores are relative to it
     topas_options: Mapping[str, Any]
     config: ForecastConfig
+    stints: tuple[Stint, ...] = ()  # what the guard ran so far (ForecastConfig.switch="modelled")
+    at: int = 0  # the labelled arrivals so far: where a modelled switch takes over
+
+
+class ScheduledPolicy:
+    """Runs each stint's policy from its arrival count on, in one simulation: a forecast of
+    the guard's schedule so far followed by a candidate (ForecastConfig.switch="modelled").
+    Like the guard, the one Topas instance keeps learning while another policy runs."""
+
+    def __init__(self, stints: tuple[Stint, ...], topas: str, topas_options: Mapping[str, Any] | None) -> None:
+        from .forecast import _Arrivals  # the guard's own count (forecast imports this module)
+
+        self.name = "+".join(f"{s.policy}@{s.start}" for s in stints)
+        self._stints = tuple(sorted(stints, key=lambda s: s.start))
+        self._topas_name = topas
+        self._topas = make_policy(topas, topas_options)
+        self._arrivals = _Arrivals()
+        self._index = -1
+        self.active: Any = None
+        self._advance()
+
+    def _advance(self) -> None:
+        while self._index + 1 < len(self._stints) and self._stints[self._index + 1].start <= self._arrivals.count:
+            self._index += 1
+            name = self._stints[self._index].policy
+            if self.active is None or name != self._stints[self._index - 1].policy:
+                self.active = self._topas if name == self._topas_name else make_policy(name)
+
+    def decide(self, snap: Any) -> Any:
+        self._arrivals.observe(snap, window=3)
+        self._advance()
+        if self.active is not self._topas:
+            self._topas.profiles.observe(snap.events)
+        return self.active.decide(snap)
 
 
 def run_forecast(job: ForecastJob) -> dict[str, float]:
@@ -79,9 +120,12 @@ def _simulate_trace(job: ForecastJob, i: int, seed: int) -> dict[str, tuple[floa
     runs: dict[str, tuple[float, float]] = {}
     for name in job.policies:
         options = job.topas_options if name == job.policies[0] else None
+        if job.config.switch == "modelled" and job.stints:
+            policy: Any = ScheduledPolicy((*job.stints, Stint(job.at, name)), job.policies[0], job.topas_options)
+        else:
+            policy = make_policy(name, options)
         try:
-            run = simulate(trace, make_policy(name, options), job.profile, kv_budget=job.kv_budget,
-                           host_tier=job.profile.host_tier)
+            run = simulate(trace, policy, job.profile, kv_budget=job.kv_budget, host_tier=job.profile.host_tier)
         except TopasError:
             runs[name] = (np.inf, np.inf)
             continue
