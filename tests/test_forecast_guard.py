@@ -281,7 +281,7 @@ def test_modelled_switch_forecasts_the_schedule_so_far(monkeypatch):
     assert jobs[0].config.switch == "modelled"
 
 
-def test_modelled_forecast_simulates_the_switch():
+def test_modelled_forecast_simulates_the_switch(monkeypatch):
     """A real modelled forecast: every candidate's run starts as the schedule so far."""
     built = []
     real = forecast_run.ScheduledPolicy
@@ -296,11 +296,8 @@ def test_modelled_forecast_simulates_the_switch():
     job = forecast_run.ForecastJob({"chain3": builtin_workflow("chain3")}, {"chain3": forecast_run.Rate(0.08, 7)},
                                    PROFILE, PROFILE.kv_budget_tokens, ("topas-core", "lpm"), {}, config,
                                    (S(0, "topas-core"),), 4)
-    try:
-        forecast_run.ScheduledPolicy = Recording
-        scores = forecast_run.run_forecast(job)
-    finally:
-        forecast_run.ScheduledPolicy = real
+    monkeypatch.setattr(forecast_run, "ScheduledPolicy", Recording)
+    scores = forecast_run.run_forecast(job)
     assert built == [(S(0, "topas-core"), S(4, "topas-core")), (S(0, "topas-core"), S(4, "lpm"))]
     assert set(scores) == {"topas-core", "lpm"} and all(0 < v < float("inf") for v in scores.values())
 

@@ -108,6 +108,18 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--policy-opt", action="append", default=[], metavar="POLICY.KEY=VALUE",
                    help="an option for one policy's factory (repeatable); VALUE is a YAML scalar")
     p.add_argument("--policy-config", metavar="FILE.yaml", help="YAML mapping policy name -> options")
+    _add_output_options(p)
+    _add_suite_options(p)
+    from ..cluster.cli import add_cluster_bench_options
+
+    add_cluster_bench_options(p)  # --replicas, --router, --tasks-per-replica, --scaling, --p99-target
+    _add_real_engine_options(p)
+    p.set_defaults(run=run)
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """How a bench runs and what it writes: parallel jobs, JSON, plots, timelines, checks, and
+    the decision-cost mode."""
     p.add_argument("--jobs", type=positive_int, default=1, help="simulations run in parallel processes (default 1)")
     p.add_argument("--json", metavar="OUT", help="write the results as JSON")
     p.add_argument("--task-jcts", action="store_true", help="put every task's JCT in the JSON (for CDFs)")
@@ -123,6 +135,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--check", action="store_true", help="check engine invariants at every decision (slow)")
     p.add_argument("--decision-cost", action="store_true",
                    help="instead of a bench, time one decision per policy (50 agents, 1000 waiting)")
+
+
+def _add_suite_options(p: argparse.ArgumentParser) -> None:
+    """--suite's own flags (topas_agents.suite)."""
     p.add_argument("--workflows", type=positive_int, default=20, help="--suite: random workflows (default 20)")
     p.add_argument("--suite-seed", type=non_negative_int, default=None, metavar="N",
                    help="--suite: seed of the workflow generator (default: --seed; --seeds only sets "
@@ -133,11 +149,6 @@ def add_parser(subparsers: Any) -> None:
                    help="--suite: take the baselines' runs from an earlier --json of the same suite "
                         "(same --suite-seed, --tasks, profile, budget, host tier; checked) instead of "
                         "rerunning them; the policies judged always run")
-    from ..cluster.cli import add_cluster_bench_options
-
-    add_cluster_bench_options(p)  # --replicas, --router, --tasks-per-replica, --scaling, --p99-target
-    _add_real_engine_options(p)
-    p.set_defaults(run=run)
 
 
 def _add_real_engine_options(p: argparse.ArgumentParser) -> None:
