@@ -149,6 +149,11 @@ def _add_suite_options(p: argparse.ArgumentParser) -> None:
                    help="--suite: take the baselines' runs from an earlier --json of the same suite "
                         "(same --suite-seed, --tasks, profile, budget, host tier; checked) instead of "
                         "rerunning them; the policies judged always run")
+    p.add_argument("--recheck", type=_arg(lambda t, w: parse_seed_list(t, w, LIMITS.seeds), "--recheck"),
+                   default=None, metavar="S1,S2,...",
+                   help="--suite: afterwards rerun each losing (workflow, load) cell at these extra arrival "
+                        "seeds (every policy, that load only) and judge it over all its seeds "
+                        "(topas_agents/suite/recheck.py)")
 
 
 def _add_real_engine_options(p: argparse.ArgumentParser) -> None:

@@ -29,7 +29,7 @@ MODE_FLAGS: dict[BenchMode, frozenset[str]] = {
     "real": _REAL_ONLY | {"--workload", "--tasks", "--rate"},
     "suite": _POLICY_SETUP | {"--suite", "--load", "--tasks", "--seeds", "--protocol", "--host-tier",
                               "--no-host-tier", "--jobs", "--workflows", "--suite-seed", "--worst-dir",
-                              "--reuse"},
+                              "--reuse", "--recheck"},
     "cluster": _POLICY_SETUP | {"--workload", "--load", "--seeds", "--protocol", "--jobs", "--replicas",
                                 "--router", "--tasks-per-replica", "--scaling", "--p99-target"},
     "sim": _POLICY_SETUP | {"--workload", "--trace", "--rate", "--load", "--tasks", "--seeds", "--protocol",

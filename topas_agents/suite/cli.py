@@ -3,6 +3,7 @@
 Attributes read (the bench parser's names; the optional ones with `getattr` defaults, so a
 parser that lacks them still works): suite, workflows, suite_seed, seed, seeds, load, tasks, profile,
 kv_budget, policies, json, no_progress, worst_dir, and optionally jobs (1), worst_n (5), reuse (None),
+recheck (None: extra seeds for the losing cells, suite.recheck),
 policy_options (a ready policy -> options mapping) or policy_config / policy_opt (the bench's
 raw option flags), host_tier (a bench.hosttier.HostTier, a bool, or None) or no_host_tier.
 """
@@ -90,13 +91,26 @@ def run_suite_cli(args: argparse.Namespace) -> int:
     from .runner import run_suite
 
     config = config_from_args(args)
+    seeds = tuple(getattr(args, "recheck", None) or ())
+    if seeds:
+        from .recheck import check_recheck
+
+        check_recheck(config, seeds)  # now, not after the suite's hours
     results = run_suite(config)
     worst = worst_cases(results, primary(config), int(getattr(args, "worst_n", None) or DEFAULT_WORST_N))
     worst_dir = getattr(args, "worst_dir", None)
     paths = write_worst(worst, Path(worst_dir), config, primary(config)) if worst_dir else []
     if worst_dir:
         write_failed(failures(results), Path(worst_dir) / "failed", config, primary(config))
+    doc = result_json(results, config, worst, paths)
     if getattr(args, "json", None):  # saved before the report is formatted: a suite takes hours
-        write_json(args.json, result_json(results, config, worst, paths))
+        write_json(args.json, doc)
     print(format_report(results, config, worst, paths))
+    if seeds:
+        from .recheck import format_recheck, run_recheck
+
+        rechecks = run_recheck(results, config, seeds)
+        if getattr(args, "json", None):
+            write_json(args.json, {**doc, "recheck": [c.as_dict() for c in rechecks]})
+        print(format_recheck(rechecks, seeds))
     return 0

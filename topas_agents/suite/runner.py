@@ -140,7 +140,7 @@ def _progress(total: int, enabled: bool) -> Any:
     return tqdm(total=total, unit="run", desc="suite", file=sys.stderr, leave=False, dynamic_ncols=True)
 
 
-def _run_all(jobs: list[Job], config: SuiteConfig) -> dict[tuple[int, int], Any]:
+def run_jobs(jobs: list[Job], config: SuiteConfig) -> dict[tuple[int, int], Any]:
     bar = _progress(len(jobs), config.progress)
     out: dict[tuple[int, int], Any] = {}
     try:
@@ -188,7 +188,7 @@ def run_suite(config: SuiteConfig) -> tuple[WorkflowResult, ...]:
 
         reused = load_reused(config.reuse, config, suite)
     jobs = [Job(g.index, s, g.workflow, reused.get((g.index, s), {})) for g in suite for s in config.seeds]
-    done = _run_all(jobs, config)  # every job runs: the judged policies are never reused
+    done = run_jobs(jobs, config)  # every job runs: the judged policies are never reused
     counts = {(j.index, j.seed): _reused_count(j, config) for j in jobs}
     return tuple(judge(g, {s: done[g.index, s] for s in sorted(config.seeds)}, config,
                        sum(counts[g.index, s] for s in config.seeds)) for g in suite)
