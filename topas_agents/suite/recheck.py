@@ -19,7 +19,7 @@ from typing import Any
 from ..bench.aggregate import mean_ci
 from ..errors import ConfigError
 from .ratios import METRICS, Metric, per_load
-from .report import LOSS_THRESHOLD
+from .report import LOSS_THRESHOLD, fmt_value
 from .runner import Job, SuiteConfig, WorkflowResult, run_jobs
 
 
@@ -114,12 +114,8 @@ def format_recheck(rechecks: Sequence[Recheck], seeds: Sequence[int]) -> str:
         for m in METRICS:
             ci = c.ci95[m]
             band = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
-            parts.append(f"{m} {_fmt(c.suite_ratio[m])} -> {_fmt(c.ratio[m])}{band} vs {c.winner[m]}")
+            parts.append(f"{m} {fmt_value(c.suite_ratio[m])} -> {fmt_value(c.ratio[m])}{band} vs {c.winner[m]}")
         lines.append(f"  {c.workflow}@{c.load:g} {c.policy}: " + "; ".join(parts) + ("  HOLDS" if c.holds else ""))
     held = sum(c.holds for c in rechecks)
     lines.append(f"{held} of {len(rechecks)} losing cells still lose over every seed (ratio > {LOSS_THRESHOLD})")
     return "\n".join(lines)
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f}"

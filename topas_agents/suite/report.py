@@ -167,7 +167,7 @@ def write_failed(fails: Sequence[Failure], directory: Path, config: SuiteConfig,
     return list(paths.values())
 
 
-def _fmt(x: float | None, spec: str = ".3f") -> str:
+def fmt_value(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
@@ -183,8 +183,8 @@ def format_report(results: Sequence[WorkflowResult], config: SuiteConfig,
             for rule, d in rules.items()]
     rows += [(FLOOR_LABEL, m, "per_load", d) for m, d in floor_distributions(results).items()]
     for p, m, rule, d in rows:
-        lines.append(f"{p:<14}{m:<10}{rule:<10}{d.n:>5}{_fmt(d.min):>8}{_fmt(d.p10):>8}"
-                     f"{_fmt(d.p50):>8}{_fmt(d.p90):>8}{_fmt(d.max):>8}{d.losses:>7}")
+        lines.append(f"{p:<14}{m:<10}{rule:<10}{d.n:>5}{fmt_value(d.min):>8}{fmt_value(d.p10):>8}"
+                     f"{fmt_value(d.p50):>8}{fmt_value(d.p90):>8}{fmt_value(d.max):>8}{d.losses:>7}")
     lines.append(f"{FLOOR_LABEL}: at each workflow and load the one baseline whose worse metric is "
                  "closest to the best baseline, picked with hindsight (a perfect selector of stock "
                  "policies); vs_lpm: per load, relative to LPM alone")
@@ -204,10 +204,10 @@ def format_report(results: Sequence[WorkflowResult], config: SuiteConfig,
             lines.append(f"{i}. {case.name} ({case.result.gen.shape}, {len(case.result.gen.workflow.agents)} agents, "
                          f"prefixes {case.result.gen.prefix_ratio:.2f}x budget): {case.metric} {case.at.ratio:.3f} "
                          f"vs {case.at.winner} at load {case.at.load:g}; paper rule mean "
-                         f"{_fmt(paper['mean_jct'].ratio)} p99 {_fmt(paper['p99_jct'].ratio)}"
+                         f"{fmt_value(paper['mean_jct'].ratio)} p99 {fmt_value(paper['p99_jct'].ratio)}"
                          + (f" -> {path}" if path else ""))
             for p, d in case_detail(case, policy).items():
-                lines.append("     " + f"{p:<12} " + "  ".join(f"{k}={_fmt(v, '.3g')}" for k, v in d.items()))
+                lines.append("     " + f"{p:<12} " + "  ".join(f"{k}={fmt_value(v, '.3g')}" for k, v in d.items()))
     return "\n".join(lines)
 
 
