@@ -52,6 +52,20 @@ def test_table_json_and_plot(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_table_columns_stay_aligned_for_a_long_policy_name(capsys):
+    rc = main(["bench", "--workload", "chain3", "--policies", "lpm,topas-paper-tuned", "--rate", "0.05",
+               "--tasks", "4", "--seed", "0", "--no-progress"])
+    assert rc == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("policy"))
+    rows = lines[header:header + 3]
+    assert rows[1].startswith("lpm ") and rows[2].startswith("topas-paper-tuned ")
+    # every column right-aligned under its header: the rows have the header's width
+    assert len({len(row) for row in rows}) == 1
+    summary = [line for line in lines if line.startswith("  lpm") or line.startswith("  topas-paper-tuned")]
+    assert len(summary) == 2 and summary[0].index("mean JCT") == summary[1].index("mean JCT")
+
+
 def test_load_and_profile_options(tmp_path, capsys):
     out = tmp_path / "o.json"
     rc = main(["bench", "--workload", "dag4", "--policies", "fcfs", "--load", "0.2", "--tasks", "4",

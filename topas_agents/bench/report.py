@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -31,8 +31,14 @@ _COLUMNS = ("policy", "host tier", "mean JCT s", "p99 JCT s", "gap to LB", "mean
 _WIDTHS = (14, 10, 11, 11, 10, 11, 7, 10, 8, 12)
 
 
-def _line(cells: tuple[str, ...]) -> str:
-    return "".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, _WIDTHS, strict=True)))
+def _line(cells: tuple[str, ...], name_width: int = _WIDTHS[0]) -> str:
+    widths = (name_width, *_WIDTHS[1:])
+    return "".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+
+def _name_width(names: Iterable[str]) -> int:
+    """The policy column: wide enough for the longest name (e.g. `topas-paper-tuned`) plus a space."""
+    return max([_WIDTHS[0] - 1, *(len(n) for n in names)]) + 1
 
 
 def _tier(x: bool | None) -> str:
@@ -46,13 +52,14 @@ def format_table(result: Mapping[str, Any], capacity: float | None = None) -> st
     setup = result.get("host_tier", {}).get("setup")
     tier_s = f", host tier setup: {setup}" if setup else ""
     lines = [f"{result['workload']} on {result['profile']}: {result['tasks']} tasks, seed {result['seed']}{cap_s}{tier_s}"]
+    width = _name_width(name for pt in result["points"] for name in pt["results"])
     for pt in result["points"]:
-        lines += ["", _point_header(pt), _line(_COLUMNS)]
+        lines += ["", _point_header(pt), _line(_COLUMNS, width)]
         for name, r in pt["results"].items():
             lines.append(_line((name, _tier(r.get("host_tier")), _s(r["mean_jct"]), _s(r["p99_jct"]), _pct(r["gap"]),
                                 _num(r["mean_batch"], ".1f"), _num(r["prefix_swaps"], "d"),
                                 _num(r.get("prefix_recomputes"), "d"), _num(r["preemptions"], "d"),
-                                _num(r["decision_ms_mean"], ".3f"))))
+                                _num(r["decision_ms_mean"], ".3f")), width))
     lines += ["", "summary (paper rule: each metric averaged over the points, ratio to the baseline "
               "with the lowest average):"]
     for name, s in result["summary"].items():
@@ -60,7 +67,7 @@ def format_table(result: Mapping[str, Any], capacity: float | None = None) -> st
         vs = f", mean {ratio:.3f}x best baseline ({s['best_baseline']})" if ratio is not None else ""
         if ratio99 is not None:
             vs += f", p99 {ratio99:.3f}x best ({s['best_baseline_p99']})"
-        lines.append(f"  {name:<14} mean JCT {_s(s['mean_jct'])} s, p99 JCT {_s(s['p99_jct'])} s{vs}")
+        lines.append(f"  {name:<{width}} mean JCT {_s(s['mean_jct'])} s, p99 JCT {_s(s['p99_jct'])} s{vs}")
     return "\n".join(lines)
 
 
@@ -85,11 +92,12 @@ def format_seeds_table(doc: Mapping[str, Any]) -> str:
     tiers = doc.get("host_tier", {}).get("policies", {})
     lines = ["", f"over seeds {', '.join(map(str, doc['seeds']))} (mean [95% t CI]; ratio < 1: faster than the "
              "best baseline):"]
+    width = _name_width(doc["over_seeds"])
     for name, agg in doc["over_seeds"].items():
         # No baseline in the run: no comparator (the aggregate holds None per seed).
         best = "/".join(sorted({b for b in agg["best_baseline"] if b})) or "no baseline"
         best99 = "/".join(sorted({b for b in agg["best_baseline_p99"] if b})) or "no baseline"
-        lines.append(f"  {name:<14} host tier {_tier(tiers.get(name)):<4}  mean JCT {_ci(agg['mean_jct'], '.1f')} s, "
+        lines.append(f"  {name:<{width}} host tier {_tier(tiers.get(name)):<4}  mean JCT {_ci(agg['mean_jct'], '.1f')} s, "
                      f"ratio {_ci(agg['mean_jct_vs_best_baseline'])} vs {best}; p99 ratio "
                      f"{_ci(agg['p99_jct_vs_best_baseline'])} vs {best99}")
     return "\n\n".join(parts) + "\n" + "\n".join(lines)
