@@ -60,16 +60,20 @@ def test_greedy_pack_admits_by_weighted_progress_per_kv_token():
     assert greedy_pack(ix, frozenset({"A"})).admits[0].req.rid == "r2"
 
 
-def test_greedy_pack_updates_same_task_marginals_after_each_choice():
-    # Fork task t (eq 6-7 case): X_b in {1, 3}, X_c = 2, tail 1; r_b D = 1, r_c D = 2, both 100 KV.
-    # Other task u: one stage, Delta = 0.8.  Initial: u 0.8, r_b 0.5, r_c 0.5 -> u, then r_b (rid
-    # tie-break), then r_c at its updated marginal Delta(r_c | {r_b}) = 1.0. Credits 0.8, 0.5, 1.0.
+def fork_index() -> Index:
+    """Fork task t (eq 6-7 case): X_b in {1, 3}, X_c = 2, tail 1; r_b D = 1, r_c D = 2, both 100
+    KV; other task u: one stage, Delta = 0.8; B and C resident."""
     fork = TaskValue(("b", "c"), np.array([[1.0, 2.0], [3.0, 2.0]]), np.ones((2, 2)), np.array([0.5, 0.5]))
     w = [req("rb", "t", "b", "B", inp=50, out=50), req("rc", "t", "c", "C", inp=50, out=50),
          req("ru", "u", "s", "B", inp=50, out=50)]
-    ix = index(w, values={"t": fork, "u": point(("s", 0.8))}, service={"rb": 1.0, "rc": 2.0, "ru": 0.8},
-               resident={"B", "C"})
-    pack = greedy_pack(ix, frozenset({"B", "C"}))
+    return index(w, values={"t": fork, "u": point(("s", 0.8))}, service={"rb": 1.0, "rc": 2.0, "ru": 0.8},
+                 resident={"B", "C"})
+
+
+def test_greedy_pack_updates_same_task_marginals_after_each_choice():
+    # fork_index(): initial u 0.8, r_b 0.5, r_c 0.5 -> u, then r_b (rid tie-break), then r_c at
+    # its updated marginal Delta(r_c | {r_b}) = 1.0. Credits 0.8, 0.5, 1.0.
+    pack = greedy_pack(fork_index(), frozenset({"B", "C"}))
     assert [(a.req.rid, round(a.credit, 9)) for a in pack.admits] == [("ru", 0.8), ("rb", 0.5), ("rc", 1.0)]
 
 
@@ -246,7 +250,7 @@ def test_policy_decisions_are_valid_on_a_chain_snapshot():
 def test_paper_options_are_validated():
     assert make_paper_config(M="3", K=0).M == 3
     with pytest.raises(ConfigError):
-        make_paper_config(width=4)  # a knob of the tuned search only
+        make_paper_config(enum_agents=4)  # a knob of the tuned search only (the paper's is M)
     with pytest.raises(ConfigError):
         make_paper_config(K=-1)
 
@@ -254,7 +258,10 @@ def test_paper_options_are_validated():
 def test_project_options_are_off_by_default_and_each_changes_its_term():
     cfg = PaperConfig()
     assert (cfg.horizon, cfg.work_floor, cfg.size_weight, cfg.kv_exp, cfg.redo_prefill, cfg.pin_finishing,
-            cfg.k_preempt, cfg.forfeit, cfg.keep_idle) == (0.0, 0.0, 0.0, 1.0, 0, 0, 0, 0, 0)
+            cfg.k_preempt, cfg.forfeit, cfg.keep_idle, cfg.prefetch, cfg.block, cfg.backfill, cfg.advance,
+            cfg.drop_incumbent, cfg.width, cfg.max_additions, cfg.smith_move, cfg.reserve_first, cfg.reuse_imminence,
+            cfg.rivals, cfg.work_conserving) == (0.0, 0.0, 0.0, 1.0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0,
+                                                 0)
     # kv_exp = 0: order by weighted progress alone: r2 (3 s) first although 600 KV
     w = [req("r1", "t1", "s", "A", inp=50, out=50), req("r2", "t2", "s", "A", inp=300, out=300)]
     vals = {"t1": point(("s", 1.0)), "t2": point(("s", 3.0))}

@@ -25,7 +25,7 @@ from ..errors import TopasError
 from ..policies import BASELINES
 from ..workflow import load_workflow
 from .hosttier import TOPAS_PREFIX, parse_host_tier
-from .options import parse_policy_list, parse_positive_floats
+from .options import parse_policy_list, parse_positive_floats, parse_seed_list
 from .runner import BenchConfig, run_many, seeds_document
 
 DEFAULT_WORKLOADS = ("chain3", "dag4", "dag10wide", "metagpt-sop", "metagpt-tl")
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         policies = parse_policy_list(args.policies)
         loads = parse_positive_floats(args.loads, "--loads") if args.loads else ()
-        seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+        seeds = list(parse_seed_list(args.seeds)) if args.seeds else [args.seed]
         tier = "none" if args.no_host_tier else args.host_tier
         host_tier = parse_host_tier(tier, available_policies()) if tier else None
         options = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.opt)}

@@ -45,6 +45,7 @@ _REGISTRY: dict[str, str] = {
     "topas-paper-noreuse": "topas_agents.policies.topas:make_topas_paper_noreuse",
     "topas-paper-noaging": "topas_agents.policies.topas:make_topas_paper_noaging",
     "topas-paper-tuned": "topas_agents.policies.topas:make_topas_paper_tuned",
+    "topas-paper-full": "topas_agents.policies.topas:make_topas_paper_full",
 }
 
 # The paper's five baselines (section V-A): "the best baseline" of every comparison is one of these.

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from .config import TopasConfig, make_config
-from .paper_config import TUNED_OPTIONS, PaperConfig, make_paper_config
+from .paper_config import TOPAS_OPTIONS, TUNED_OPTIONS, PaperConfig, make_paper_config
 from .paper_policy import TopasPaperPolicy
 from .policy import TopasPolicy
 
@@ -27,6 +27,7 @@ __all__ = [
     "make_topas_noreuse",
     "make_topas_paper",
     "make_topas_paper_base",
+    "make_topas_paper_full",
     "make_topas_paper_noaging",
     "make_topas_paper_noreuse",
     "make_topas_paper_tuned",
@@ -77,3 +78,8 @@ def make_topas_paper_noaging(**options: Any) -> TopasPaperPolicy:
 def make_topas_paper_tuned(**options: Any) -> TopasPaperPolicy:
     """The paper core with the named options of `topas` switched on (`TUNED_OPTIONS`)."""
     return TopasPaperPolicy(make_paper_config(make_paper_config(**TUNED_OPTIONS), **options), "topas-paper-tuned")
+
+
+def make_topas_paper_full(**options: Any) -> TopasPaperPolicy:
+    """The paper core with every named option at `topas`'s value (`TOPAS_OPTIONS`)."""
+    return TopasPaperPolicy(make_paper_config(make_paper_config(**TOPAS_OPTIONS), **options), "topas-paper-full")

@@ -54,12 +54,50 @@ class PaperConfig:
     k_preempt     0 = the paper (K caps preemptions too). > 0: preemptions are capped at
                   k_preempt instead (`topas`: 4, fewer than admissions: preemption churn).
     forfeit       0 = off. 1: a preemption also forfeits the preempted request's own progress
-                  g Delta(p | {}) (`topas` counts the progress of retained running requests).
+                  g Delta(p | {}). 2: its task forfeits g x (L_i with its retained running
+                  requests served - L_i with all of them served), `topas`'s J_admit over Q'.
     keep_idle     0 = off (idle prefixes are infeasible). 1: a resident prefix with n_a > 0 (a
                   downstream stage of its agent is about to be released) may stay in R' idle,
                   paying its KV; it is never loaded for that (no prefetch).
     pin_finishing 0 = off. 1: a prefix set that would preempt a running request that may finish
                   now (it has produced its stage's smallest declared output) is infeasible.
+    prefetch      0 = off. 1: with keep_idle, a prefix with n_a > 0 that is not resident may
+                  join R' idle too, and is loaded now (`prefix_in`); eq 8 charges its load
+                  only to tasks admitted on incoming prefixes, eq 11 credits it
+                  (`topas`: idle prefixes kept and prefetched when V_reuse > 0).
+    block         0 = off. > 0: J_block of `topas` (occupancy.py): a pack whose admissions leave
+                  KV free that some waiting agent cannot use is charged block x those agents'
+                  waiting tasks' weights x the longest admission's D_r x the free fraction
+                  (`topas`: 0.5).
+    backfill      0 = off. > 0: `topas`'s EASY head reservation (paper_occupancy.py) for the
+                  oldest task's first waiting request once it has waited backfill x the mean
+                  request service (`topas`: 4).
+    advance       0 = off. > 0 (with backfill): a state that starts a waiting head now,
+                  preempting only younger tasks, gains advance x g(head) x its reserved wait
+                  (`topas`: 1).
+    drop_incumbent 0 = off. 1: a best state that admits nothing and preempts nothing gives way
+                  to the best state that admits without preempting (`topas`: always).
+    width         0 = the paper (every outside agent tried at each greedy step, in the pair test
+                  and in Repair). > 0: only the `width` outside agents of most waiting
+                  progress (sum of g Delta(r | {})) (`topas`: 4, ranked by aged queue length).
+    max_additions 0 = the paper (no limit). > 0: at most this many greedy additions per
+                  decision (`topas`: 8).
+    smith_move    0 = eq 8. 1: `topas`'s J_move: each incoming prefix delays the tasks admitted
+                  on it (weighted by g), host-link swaps serialized in Smith order, a
+                  recompute also stalls the running batch, evictions free.
+    reserve_first 0 = the paper (a prefix of R that no retained request covers holds a slot and
+                  its smallest request's KV; GreedyPack's order decides). n > 0: its best
+                  fitting request among its n of highest priority is admitted first
+                  (`topas`: 4).
+    reuse_imminence 0 = the paper (n_a counts each release). 1: each release of a running
+                  stage weighs g(task) x P(the stage ends within the horizon) (option
+                  horizon's cap, else the mean request service) (`topas`: the same weight).
+    rivals        0 = off. 1: the admissions LPM and Parrot would make on the same snapshot
+                  (when they preempt nothing) are scored as one more state with eq 13 and win
+                  when better (`topas`: `TopasConfig.rivals`).
+    work_conserving 0 = off. 1: a decision that leaves the GPU idle while requests wait
+                  becomes the oldest task's admission, evicting idle prefixes
+                  (`topas`: guard.py, always on).
 
     H_age (eq 12) is "the observed service-time scale": the running mean of completed stage
     services, before any completion the mean profiled stage service of the loaded workflows.
@@ -82,6 +120,18 @@ class PaperConfig:
     k_preempt: int = 0
     forfeit: int = 0
     keep_idle: int = 0
+    prefetch: int = 0
+    block: float = 0.0
+    backfill: float = 0.0
+    advance: float = 0.0
+    drop_incumbent: int = 0
+    smith_move: int = 0
+    reserve_first: int = 0
+    reuse_imminence: int = 0
+    width: int = 0
+    max_additions: int = 0
+    rivals: int = 0
+    work_conserving: int = 0
 
     def profile_config(self) -> TopasConfig:
         """Settings of the shared `ServiceProfiles`: F is rebuilt at every completed stage
@@ -94,6 +144,14 @@ class PaperConfig:
 TUNED_OPTIONS: dict[str, float | int] = {
     "horizon": 0.3, "work_floor": 0.25, "size_weight": 1.0, "kv_exp": 0.0, "redo_prefill": 1,
     "pin_finishing": 1, "k_preempt": 4, "forfeit": 1,
+}
+
+# Every named option at `topas`'s value: the paper core with each of `topas`'s deviations that
+# is an option (docs/topas.md, "Named options"; what each adds: bench/paper_options.py).
+TOPAS_OPTIONS: dict[str, float | int] = {
+    **TUNED_OPTIONS, "forfeit": 2, "block": 0.5, "backfill": 4.0, "advance": 1.0, "rivals": 1, "work_conserving": 1,
+    "drop_incumbent": 1, "smith_move": 1, "reserve_first": 4, "width": 4, "max_additions": 8, "keep_idle": 1,
+    "prefetch": 1, "reuse_imminence": 1,
 }
 
 _PAPER_LIMITS: dict[str, tuple[type, float, float | None]] = {
@@ -112,8 +170,20 @@ _PAPER_LIMITS: dict[str, tuple[type, float, float | None]] = {
     "redo_prefill": (int, 0, 1),
     "pin_finishing": (int, 0, 1),
     "k_preempt": (int, 0, None),
-    "forfeit": (int, 0, 1),
+    "forfeit": (int, 0, 2),
     "keep_idle": (int, 0, 1),
+    "prefetch": (int, 0, 1),
+    "block": (float, 0.0, None),
+    "backfill": (float, 0.0, None),
+    "advance": (float, 0.0, None),
+    "drop_incumbent": (int, 0, 1),
+    "smith_move": (int, 0, 1),
+    "reserve_first": (int, 0, None),
+    "reuse_imminence": (int, 0, 1),
+    "width": (int, 0, None),
+    "max_additions": (int, 0, None),
+    "rivals": (int, 0, 1),
+    "work_conserving": (int, 0, 1),
 }
 assert set(_PAPER_LIMITS) == {f.name for f in dataclasses.fields(PaperConfig)}
 

@@ -1,4 +1,5 @@
-"""topas-paper per-decision index and GreedyPack (section IV-E), as printed.
+"""topas-paper per-decision index and GreedyPack (section IV-E), as printed, and the named
+options that act on a pack (paper_config.py; off by default).
 
 GreedyPack(R): retain the running requests covered by R, preempt the others (P_R); reserve an
 admission slot and the smallest request KV for every prefix of R no retained request covers
@@ -11,11 +12,16 @@ Every allocation in which every prefix of R is covered is a candidate state.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...snapshot import RequestView, Snapshot
+from .occupancy import Reservation
 from .paper_config import PaperConfig
+from .paper_occupancy import delays_head, head_advance, uses_spare
 from .paper_value import _ZERO, Served, TaskValue, j_move, j_redo, j_redo_prefill, v_reuse
+from .terms import j_move as smith_j_move
+from .terms import load_cost
 
 _TOL = 1e-9  # relative score tolerance of deterministic tie-breaking
 
@@ -36,9 +42,17 @@ class Index:
     col: dict[str, int]  # rid -> source column of its stage in its task's L_i
     service: dict[str, float]  # rid -> D_r
     credit: dict[str, float]  # rid -> lambda_r of a running request (0 when none)
-    counts: dict[str, int]  # n_a(t) of V_reuse
+    counts: dict[str, float]  # n_a(t) of V_reuse (option reuse_imminence: weighted)
     pinned: frozenset[str] = frozenset()  # option pin_finishing: rids that must not be preempted
     delta0: dict[str, float] = field(default_factory=dict)  # rid -> Delta(r | {}) (shared by packs)
+    reservation: Reservation | None = None  # option backfill: the head's (paper_occupancy.py)
+    known: frozenset[str] | None = None  # agents with a prefix the engine knows (filled on first use)
+    uncapped: dict[str, float] = field(default_factory=dict)  # rid -> D_r before option horizon's cap
+
+    def known_prefixes(self) -> frozenset[str]:
+        if self.known is None:
+            self.known = frozenset(p.agent for p in self.snap.prefixes)
+        return self.known
 
     def marginal(self, req: RequestView, served: Served) -> float:
         """Delta(r | H) (eq 6); with option work_floor at least work_floor x D_r."""
@@ -89,6 +103,14 @@ def _key(ix: Index, req: RequestView, m: float, represented: bool) -> tuple:
     return (-prio, 0 if represented else 1, req.task_arrival_s, req.arrival_s, req.rid)
 
 
+def idle_allowed(ix: Index, agent: str) -> bool:
+    """Options keep_idle (resident) and prefetch (any known prefix): `agent` may be in R' with
+    nothing to run when a downstream stage of it is about to be released (n_a > 0)."""
+    if not ix.cfg.keep_idle or ix.counts.get(agent, 0) <= 0:
+        return False
+    return agent in ix.resident or (bool(ix.cfg.prefetch) and agent in ix.known_prefixes())
+
+
 @dataclass(slots=True)
 class _Frame:
     """Feasibility state of one GreedyPack run: KV left, prefixes still to cover, reservations."""
@@ -109,13 +131,16 @@ def _frame(ix: Index, agents: frozenset[str]) -> _Frame | None:
     cap = ix.cfg.k_preempt or K
     if cap and len(preempt) > cap or any(r.rid in ix.pinned for r in preempt):
         return None
+    res = ix.reservation
+    if res is not None and res.now and (res.agent not in agents or preempt):
+        return None  # option backfill: the head fits without preempting anyone: it runs in every state
     uncovered = {a for a in agents if not ix.running.get(a)}
     need: dict[str, int] = {}
     for a in sorted(uncovered):
         group = ix.waiting.get(a)
         if not group:
-            if ix.cfg.keep_idle and a in ix.resident and ix.counts.get(a, 0) > 0:
-                uncovered.discard(a)  # option keep_idle: kept for a stage about to be released
+            if idle_allowed(ix, a):
+                uncovered.discard(a)  # options keep_idle/prefetch: for a stage about to be released
                 continue
             return None  # an idle prefix: infeasible
         need[a] = min(r.kv_tokens for r in group)
@@ -132,9 +157,47 @@ def _fixed_terms(ix: Index, agents: frozenset[str], preempt: tuple[RequestView, 
     redo = (j_redo_prefill if ix.cfg.redo_prefill else j_redo)(preempt, profile)
     fixed = v_reuse(agents, ix.counts, ix.tokens, profile, ix.cfg.beta) - redo
     fixed -= sum(ix.credit.get(r.rid, 0.0) for r in preempt)
-    if ix.cfg.forfeit:
+    if ix.cfg.forfeit == 1:
         fixed -= sum(ix.gain_weight[r.task_id] * ix.first_delta(r) for r in preempt)
+    elif ix.cfg.forfeit == 2:
+        fixed -= _forfeit_tasks(ix, agents, preempt)
     return fixed
+
+
+def _forfeit_tasks(ix: Index, agents: frozenset[str], preempt: tuple[RequestView, ...]) -> float:
+    """Option forfeit = 2 (`topas`'s J_admit over Q'): each task with a preempted request loses
+    g x (L_i(its retained running requests served) - L_i(all its running requests served))."""
+    lost = 0.0
+    for key in sorted({ix.vkey[r.rid] for r in preempt}):
+        every, kept = Served(), Served()
+        for a, group in ix.running.items():
+            for r in group:
+                if ix.vkey[r.rid] == key:
+                    every = every.plus(ix.col[r.rid], ix.service[r.rid])
+                    if a in agents:
+                        kept = kept.plus(ix.col[r.rid], ix.service[r.rid])
+        task_id = next(r.task_id for r in preempt if ix.vkey[r.rid] == key)
+        value = ix.values[key]
+        lost += ix.gain_weight[task_id] * max(0.0, value.expected(kept) - value.expected(every))
+    return lost
+
+
+def move_cost(ix: Index, r_in: frozenset[str], r_out: frozenset[str], tasks_in: dict[str, dict[str, float]]) -> float:
+    """J_move (eq 8): T_move x |T_in|, `tasks_in` = the tasks admitted on each incoming prefix.
+
+    Option `smith_move` (`topas`'s pricing, terms.j_move): each incoming prefix delays only the
+    tasks admitted on it, weighted by g; swaps over the host link are serialized in Smith order;
+    a recompute is charged to its tasks and, as a prefill, to every running request; evictions
+    are free."""
+    if not ix.cfg.smith_move:
+        return j_move(r_in, r_out, ix.tokens, ix.snap.profile, len({t for tasks in tasks_in.values() for t in tasks}))
+    views = {p.agent: p for p in ix.snap.prefixes}
+    stall = len(ix.snap.running)
+    items = []
+    for agent, tasks in tasks_in.items():
+        seconds, on_link = load_cost(views.get(agent), ix.tokens[agent], ix.snap.profile)
+        items.append((seconds, on_link, sum(tasks.values()) + (0 if on_link else stall)))
+    return smith_j_move(items)
 
 
 def greedy_pack(ix: Index, agents: frozenset[str]) -> Pack | None:
@@ -147,7 +210,53 @@ def greedy_pack(ix: Index, agents: frozenset[str]) -> Pack | None:
     if not fr.uncovered:
         pack.states.append((0, fixed))
     _admit_loop(ix, fr, pack, fixed)
+    res = ix.reservation
+    if res is not None and res.now:  # option backfill: only states that start the head
+        if not pack.admits or pack.admits[0].req.rid != res.rid:
+            return None
+        pack.states = [(k, score) for k, score in pack.states if k]
+    if ix.cfg.block > 0.0:
+        cost = stranded_cost(ix, pack, fr.free)
+        pack.states = [(k, score - cost if k else score) for k, score in pack.states]
     return pack
+
+
+def stranded_cost(ix: Index, pack: Pack, free: int) -> float:
+    """Option `block` (J_block of `topas`, occupancy.py): the pack's admissions leave `free` KV
+    that a shut-out agent cannot use (its smallest waiting request, plus its prefix unless in R',
+    does not fit) until the longest of them ends. Charged block x the shut-out agents' waiting
+    tasks' weights x that request's D_r (uncapped) x the stranded fraction of the budget, to
+    every state of the pack that admits something (computed once, at the pack's end)."""
+    if not pack.admits or free <= 0:
+        return 0.0
+    admitted: dict[str, int] = {}
+    for adm in pack.admits:
+        admitted[adm.req.agent] = admitted.get(adm.req.agent, 0) + 1
+    tasks: set[str] = set()
+    for agent, group in ix.waiting.items():
+        kept = agent in pack.agents
+        need = min(r.kv_tokens for r in group) + (0 if kept else ix.tokens[agent])
+        if need > free and not (kept and admitted.get(agent, 0) == len(group)):
+            tasks.update(r.task_id for r in group)
+    if not tasks:
+        return 0.0
+    weight = sum(ix.gain_weight[t] for t in tasks)
+    longest = max(ix.uncapped.get(a.req.rid, ix.service[a.req.rid]) for a in pack.admits)
+    return ix.cfg.block * weight * longest * free / max(1, ix.snap.kv_budget)
+
+
+def _reserved_first(ix: Index, fr: _Frame, represented: set[str]) -> frozenset[str]:
+    """Option reserve_first (`topas`'s reserve): for each prefix of R no retained request covers,
+    the best fitting of its `reserve_first` highest-priority waiting requests, admitted before
+    the greedy order (the paper holds a slot and the smallest request's KV instead)."""
+    out = []
+    for a in sorted(fr.uncovered):
+        room = fr.free - fr.reserve + fr.need[a]
+        group = sorted(ix.waiting.get(a, ()), key=lambda r: _key(ix, r, ix.first_delta(r), r.task_id in represented))
+        pick = next((r for r in group[:ix.cfg.reserve_first] if r.kv_tokens <= room), None)
+        if pick is not None:
+            out.append(pick.rid)
+    return frozenset(out)
 
 
 def _admit_loop(ix: Index, fr: _Frame, pack: Pack, fixed: float) -> None:
@@ -159,13 +268,22 @@ def _admit_loop(ix: Index, fr: _Frame, pack: Pack, fixed: float) -> None:
     version: dict[str, int] = {}
     members: dict[str, list[RequestView]] = {}
     heap: list[tuple] = []
+    res = ix.reservation  # options backfill and advance (paper_occupancy.py)
+    spare = res.extra if res is not None else 0
+    advance = head_advance(ix, fr.preempt)
+    first = _reserved_first(ix, fr, represented) if ix.cfg.reserve_first else frozenset()
     for a in sorted(agents):
         for r in ix.waiting.get(a, ()):
             members.setdefault(ix.vkey[r.rid], []).append(r)
-            heap.append((_key(ix, r, ix.first_delta(r), r.task_id in represented), 0, r))
+            key = _key(ix, r, ix.first_delta(r), r.task_id in represented)
+            if res is not None and res.now and r.rid == res.rid:
+                key = (float("-inf"), -1, *key[2:])  # the head fits now: admitted first
+            elif r.rid in first:
+                key = (float("-inf"), *key[1:])  # option reserve_first: next
+            heap.append((key, 0, r))
     heapq.heapify(heap)
     done: set[str] = set()
-    tasks_in: set[str] = set()
+    tasks_in: dict[str, dict[str, float]] = {}  # incoming agent -> {task admitted on it: g}
     admit_value = 0.0
     while heap and not (K and len(pack.admits) >= K):
         _, ver, r = heapq.heappop(heap)
@@ -178,7 +296,13 @@ def _admit_loop(ix: Index, fr: _Frame, pack: Pack, fixed: float) -> None:
         slots = len(fr.uncovered) - (1 if covers else 0)
         if r.kv_tokens > fr.free - held or (K and len(pack.admits) + 1 + slots > K):
             continue  # free - held and the slots left only shrink: it never fits
+        if res is not None and delays_head(ix, r, spare):
+            continue  # the spare only shrinks too
         credit = ix.gain_weight[r.task_id] * ix.marginal(r, served.get(task, Served()))
+        if res is not None and r.rid == res.rid:
+            credit += advance
+        elif uses_spare(ix, r):
+            spare -= r.kv_tokens
         fr.free -= r.kv_tokens
         if covers:
             fr.uncovered.discard(r.agent)
@@ -186,14 +310,53 @@ def _admit_loop(ix: Index, fr: _Frame, pack: Pack, fixed: float) -> None:
         served[task] = served.get(task, Served()).plus(ix.col[r.rid], ix.service[r.rid])
         represented.add(r.task_id)
         if r.agent in r_in:
-            tasks_in.add(r.task_id)
+            tasks_in.setdefault(r.agent, {})[r.task_id] = ix.gain_weight[r.task_id]
         admit_value += credit
         pack.admits.append(Admission(r, credit))
         if not fr.uncovered:
-            score = admit_value - j_move(r_in, r_out, ix.tokens, ix.snap.profile, len(tasks_in)) + fixed
+            score = admit_value - move_cost(ix, r_in, r_out, tasks_in) + fixed
             pack.states.append((len(pack.admits), score))
         # same-task marginals change after each choice: re-queue the task's candidates
         version[task] = version.get(task, 0) + 1
         for other in members.get(task, ()):
             if other.rid not in done:
                 heapq.heappush(heap, (_key(ix, other, ix.marginal(other, served[task]), True), version[task], other))
+
+
+def rival_pack(ix: Index, admit: Sequence[str]) -> Pack | None:
+    """Option `rivals`: another policy's admissions (it preempts nothing) as one more state.
+
+    R' = the agents of Q' (every running request retained, each admitted one) and, with option
+    `keep_idle`, the resident prefixes it may keep idle; the admissions keep that policy's
+    order, cut to K, each credited g Delta with the same sequential same-task marginals as
+    GreedyPack, and the state is scored with eq 13. None when a request is not waiting or the
+    state does not fit the KV budget. With option `block` it pays J_block like any pack.
+    """
+    waiting = {r.rid: r for group in ix.waiting.values() for r in group}
+    reqs = [waiting.get(rid) for rid in (admit[:ix.cfg.K] if ix.cfg.K else admit)]
+    if not reqs or any(r is None for r in reqs):
+        return None
+    agents = set(ix.running) | {r.agent for r in reqs}
+    agents = frozenset(agents | {a for a in ix.resident if idle_allowed(ix, a)})
+    used = sum(ix.tokens[a] for a in agents) + sum(r.kv_tokens for rs in ix.running.values() for r in rs)
+    free = ix.snap.kv_budget - used - sum(r.kv_tokens for r in reqs)
+    if free < 0:
+        return None
+    pack = Pack(agents, ())
+    r_in, r_out = agents - ix.resident, ix.resident - agents
+    served: dict[str, Served] = {}
+    tasks_in: dict[str, dict[str, float]] = {}
+    admit_value = 0.0
+    for r in reqs:
+        task = ix.vkey[r.rid]
+        credit = ix.gain_weight[r.task_id] * ix.marginal(r, served.get(task, Served()))
+        served[task] = served.get(task, Served()).plus(ix.col[r.rid], ix.service[r.rid])
+        if r.agent in r_in:
+            tasks_in.setdefault(r.agent, {})[r.task_id] = ix.gain_weight[r.task_id]
+        admit_value += credit
+        pack.admits.append(Admission(r, credit))
+    score = admit_value - move_cost(ix, r_in, r_out, tasks_in) + _fixed_terms(ix, agents, ())
+    if ix.cfg.block > 0.0:  # scored like GreedyPack's states (the head's reservation binds only those)
+        score -= stranded_cost(ix, pack, free)
+    pack.states.append((len(pack.admits), score))
+    return pack

@@ -7,13 +7,18 @@ not when it is emitted (an engine may admit only the front of the admit list).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import NamedTuple
 
 from ...snapshot import Decision, RequestView, Snapshot
+from ..baselines import LPM, ParrotFCFS
+from .guard import work_conserving
 from .paper_config import PaperConfig
-from .paper_pack import Index
+from .paper_occupancy import reserve_head
+from .paper_pack import Index, better, rival_pack
 from .paper_search import Choice, search
-from .paper_value import RequestService, TaskValue, aging, reuse_counts, single_value, task_value
+from .paper_value import RequestService, TaskValue, aging, imminence, reuse_counts, single_value, task_value
 from .profiles import ServiceProfiles, prior_scales
 
 
@@ -25,6 +30,7 @@ class Valuation(NamedTuple):
     vkey: dict[str, str]
     col: dict[str, int]
     service: dict[str, float]
+    uncapped: dict[str, float]  # D_r before option horizon's cap (only where it cut)
 
 
 def _groups(snap: Snapshot) -> tuple[dict[str, int], dict[str, list[RequestView]], dict[str, list[RequestView]]]:
@@ -57,8 +63,20 @@ class TopasPaperPolicy:
         self.pending: dict[str, float] = {}  # credits of emitted admissions, not yet seen running
         self._h_prior: tuple[object, tuple[float, float]] | None = None
         self.last_states = None  # the StateSet of the last decision (diagnostics, tests)
+        # option rivals: the baselines decide on every snapshot (their queues stay synced)
+        self._rivals = (ParrotFCFS(), LPM()) if self.config.rivals else ()
 
     def decide(self, snap: Snapshot) -> Decision:
+        decision = self._decide(snap)
+        if self.config.work_conserving:  # its fallback admits one agent's fitting requests: cut to K
+            decision = work_conserving(snap, decision)
+            if self.config.K and len(decision.admit) > self.config.K:
+                decision = replace(decision, admit=decision.admit[:self.config.K])
+        for rival in self._rivals:
+            rival.note_applied(decision.admit)
+        return decision
+
+    def _decide(self, snap: Snapshot) -> Decision:
         self.profiles.observe(snap.events)
         self.request_service.observe(snap.events)
         self._settle_credits(snap)
@@ -67,6 +85,13 @@ class TopasPaperPolicy:
             return Decision(prefix_out=out)  # R' is empty: idle prefixes are infeasible
         ix = self.index(snap)
         choice, self.last_states = search(ix)
+        for rival in self._rivals:
+            alt = rival.decide(snap)
+            pack = rival_pack(ix, alt.admit) if not alt.preempt else None
+            if pack is not None:
+                k, score = pack.states[0]
+                if choice is None or better(score, k, choice.score, choice.k):
+                    choice = Choice(pack, k, score)
         if choice is None:
             return Decision()
         return self._emit(ix, choice)
@@ -106,18 +131,35 @@ class TopasPaperPolicy:
         val = self._valuation(snap)
         resident = frozenset(p.agent for p in snap.prefixes if p.on_gpu) | frozenset(running)
         credit = {r.rid: self.credits.get(r.rid, 0.0) for r in snap.running}
-        return Index(snap, cfg, resident, tokens, waiting, running, val.weight, val.values, val.vkey, val.col,
-                     val.service, credit, reuse_counts(snap), _pinned(snap) if cfg.pin_finishing else frozenset())
+        counts = reuse_counts(snap, self._imminent(snap, val) if cfg.reuse_imminence else None)
+        ix = Index(snap, cfg, resident, tokens, waiting, running, val.weight, val.values, val.vkey, val.col,
+                   val.service, credit, counts, _pinned(snap) if cfg.pin_finishing else frozenset(),
+                   uncapped=val.uncapped)
+        if cfg.backfill > 0.0:
+            ix.reservation = reserve_head(ix, self.profiles.request_scale(self._priors(snap)[1]))
+        return ix
+
+    def _imminent(self, snap: Snapshot, val: Valuation) -> Callable[[str, str], float]:
+        """Option reuse_imminence: a running stage's release weighs g x P(it ends within the
+        horizon): option horizon's cap, or the mean request service when that is off."""
+        h = self.horizon_s(snap) or self.profiles.request_scale(self._priors(snap)[1])
+
+        def imminent(task_id: str, stage: str) -> float:
+            value = val.values.get(task_id)
+            return 0.0 if value is None else val.weight[task_id] * imminence(value, stage, h)
+        return imminent
 
     def _valuation(self, snap: Snapshot) -> Valuation:
         """g_i, L_i, D_r and each request's source column (eqs 4-6, 12)."""
         cfg, profile = self.config, snap.profile
         views = {t.task_id: t for t in snap.tasks}
         h_age, cap = self.h_age(snap), self.horizon_s(snap)
-        val = Valuation({}, {}, {}, {}, {})
+        val = Valuation({}, {}, {}, {}, {}, {})
         for r in snap.waiting + snap.running:
             d = self.request_service.estimate(r, profile)
             val.service[r.rid] = min(d, cap) if cap > 0.0 else d
+            if val.service[r.rid] < d:
+                val.uncapped[r.rid] = d
             view = views.get(r.task_id)
             if r.task_id not in val.weight:
                 tau = view.arrival_s if view is not None else r.task_arrival_s
@@ -148,9 +190,12 @@ class TopasPaperPolicy:
         for adm in admits:
             self.pending[adm.req.rid] = adm.credit
         on_gpu = {p.agent for p in ix.snap.prefixes if p.on_gpu}
+        admitted = {adm.req.agent for adm in admits}
         return Decision(
             admit=tuple(adm.req.rid for adm in admits),
             preempt=tuple(r.rid for r in pack.preempt),
+            # option prefetch: an idle member of R' not resident is loaded now
+            prefix_in=tuple(sorted(pack.agents - on_gpu - admitted)),
             prefix_out=tuple(sorted(a for a in on_gpu if a not in pack.agents)),
         )
 

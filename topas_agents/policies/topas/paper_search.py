@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import combinations
 
-from .paper_pack import Index, Pack, better, greedy_pack
+from .paper_pack import Index, Pack, better, greedy_pack, idle_allowed
 from .paper_value import v_reuse
 
 
@@ -33,6 +33,7 @@ class StateSet:
         self.ix = ix
         self.phis: dict[frozenset[str], float] = {}
         self.best: Choice | None = None
+        self.best_admitting: Choice | None = None  # option drop_incumbent: best with k >= 1, no preemption
         self.empty_incumbent: Choice | None = None
         self.evaluated: list[frozenset[str]] = []  # generation order (tests, diagnostics)
 
@@ -56,17 +57,27 @@ class StateSet:
             return
         if self.best is None or better(c.score, c.k, self.best.score, self.best.k):
             self.best = c
+        if c.k and not c.pack.preempt and (self.best_admitting is None or
+                                           better(c.score, c.k, self.best_admitting.score, self.best_admitting.k)):
+            self.best_admitting = c
 
     def choice(self) -> Choice | None:
-        """argmax Score over C_t, the empty incumbent removed when a nonempty state exists."""
-        return self.best if self.best is not None else self.empty_incumbent
+        """argmax Score over C_t, the empty incumbent removed when a nonempty state exists. With
+        option drop_incumbent, a best state that admits and preempts nothing gives way to the
+        best state that admits without preempting (`topas`: waiting is never chosen over work
+        that displaces nobody)."""
+        best = self.best
+        if (self.ix.cfg.drop_incumbent and best is not None and best.k == 0 and not best.pack.preempt
+                and self.best_admitting is not None):
+            return self.best_admitting
+        return best if best is not None else self.empty_incumbent
 
 
 def active_agents(ix: Index) -> list[str]:
-    """A_t = {a(r) : r in W_t u Q_t} (option keep_idle: plus resident prefixes with n_a > 0)."""
+    """A_t = {a(r) : r in W_t u Q_t} (options keep_idle/prefetch: plus prefixes with n_a > 0
+    that may stay, or come, idle)."""
     pool = set(ix.waiting) | set(ix.running)
-    if ix.cfg.keep_idle:
-        pool |= {a for a in ix.resident if ix.counts.get(a, 0) > 0}
+    pool |= {a for a in ix.counts if idle_allowed(ix, a)}
     return sorted(pool)
 
 
@@ -90,19 +101,34 @@ def search(ix: Index) -> tuple[Choice | None, StateSet]:
     return states.choice(), states
 
 
+def _demand(ix: Index, pool: list[str]) -> dict[str, float]:
+    """Option width's ranking: an agent's waiting progress, sum of g_i Delta(r | {})."""
+    return {a: sum(ix.gain_weight[r.task_id] * ix.first_delta(r) for r in ix.waiting.get(a, ())) for a in pool}
+
+
 def _greedy(states: StateSet, pool: list[str]) -> None:
     ix = states.ix
+    width, most = ix.cfg.width, ix.cfg.max_additions
+    demand = _demand(ix, pool) if width else {}
+
+    def outside_of(current: frozenset[str]) -> list[str]:
+        """Every outside agent (the paper); with option width, the `width` of most demand."""
+        out = [a for a in pool if a not in current]
+        return sorted(out, key=lambda a: (-demand[a], a))[:width] if width else out
+
     # R_t restricted to A_t: an idle resident prefix can never be in R' (it has nothing to cover).
     r_t = frozenset(a for a in ix.resident if a in set(pool))
     r_g, phi_g = r_t, states.phi(r_t)
-    for cand in repair(r_t, pool):
+    for cand in repair(r_t, [*r_t, *outside_of(r_t)]):
         states.phi(cand)
     pair_tested = False
-    while True:
-        outside = [a for a in pool if a not in r_g]
+    additions = 0
+    while not (most and additions >= most):
+        outside = outside_of(r_g)
         best = _best(states, [r_g | {a} for a in outside])
         if best is not None and best[0] > phi_g:
             r_g, phi_g = best[1], best[0]
+            additions += 1
             continue
         if pair_tested:
             break
@@ -111,7 +137,8 @@ def _greedy(states: StateSet, pool: list[str]) -> None:
         if best is None or best[0] <= phi_g:
             break
         r_g, phi_g = best[1], best[0]
-    for cand in repair(r_g, pool):
+        additions += 1
+    for cand in repair(r_g, [*r_g, *outside_of(r_g)]):
         states.phi(cand)
     _add_incumbent(states)
 

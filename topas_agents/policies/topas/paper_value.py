@@ -15,7 +15,7 @@ stage supports) is one residual realization, LP is taken per row in reverse topo
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -188,17 +188,23 @@ def j_redo_prefill(preempted: Iterable[RequestView], profile: Profile) -> float:
     return sum(profile.prefill_s(r.input_tokens + r.generated, r.prefix_tokens) for r in preempted)
 
 
-def reuse_counts(snap: Snapshot) -> dict[str, int]:
+def reuse_counts(snap: Snapshot, imminent: Callable[[str, str], float] | None = None) -> dict[str, float]:
     """n_a(t): downstream stages assigned to a whose only unfinished predecessor is running
     (a stage with a request in Q_t). Each fork child counts; a join only when all its other
-    predecessors have finished."""
+    predecessors have finished.
+
+    Option `reuse_imminence`: `imminent(task_id, stage)` weighs each such release (`topas`:
+    the task's g x the probability that the running stage finishes within the horizon)."""
     views = {t.task_id: t for t in snap.tasks}
     running = {(r.task_id, r.workflow, r.stage) for r in snap.running if r.workflow is not None}
-    counts: dict[str, int] = {}
+    counts: dict[str, float] = {}
     for task_id, wf_name, stage in sorted(running, key=lambda x: (x[0], x[1] or "", x[2])):
         wf = snap.workflows.get(wf_name)
         view = views.get(task_id)
         if wf is None or not wf.has_stage(stage):
+            continue
+        weight = 1 if imminent is None else imminent(task_id, stage)
+        if weight <= 0.0:
             continue
         done = view.done_stages if view is not None else frozenset()
         for child in wf.successors[stage]:
@@ -206,11 +212,17 @@ def reuse_counts(snap: Snapshot) -> dict[str, int]:
                 continue
             if all(p == stage or p in done for p in wf.stage(child).after):
                 agent = wf.stage(child).agent
-                counts[agent] = counts.get(agent, 0) + 1
+                counts[agent] = counts.get(agent, 0) + weight
     return counts
 
 
-def v_reuse(agents: Iterable[str], counts: Mapping[str, int], tokens: Mapping[str, int], profile: Profile,
+def imminence(value: TaskValue, stage: str, horizon_s: float) -> float:
+    """P(the residual of ready stage `stage` is at most `horizon_s`) under L_i's rows."""
+    j = value.col.get(stage)
+    return 0.0 if j is None else float(value.w[value.z[:, j] <= horizon_s].sum())
+
+
+def v_reuse(agents: Iterable[str], counts: Mapping[str, float], tokens: Mapping[str, int], profile: Profile,
             beta: float) -> float:
     """V_reuse = beta sum_{a in R'} n_a mu l_a / B_swap (eq 11); without a host tier the
     reload is a recompute, priced like `move_in_s`."""
