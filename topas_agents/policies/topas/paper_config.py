@@ -1,7 +1,8 @@
 """Configuration of `topas-paper`: the numbers the paper leaves unspecified, each with its reason.
 
 `topas-paper` implements section IV as printed (docs/topas.md, "topas-paper: the algorithm as
-printed"); it has no project-specific options. Options are validated like `TopasConfig`'s.
+printed"); every project-specific change is a named option, off by default (`TOPAS_OPTIONS`
+sets them all at `topas`'s values). Options are validated like `TopasConfig`'s.
 """
 
 from __future__ import annotations
