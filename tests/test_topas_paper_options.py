@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_topas_paper_search import MU_B, fork_index, index, point
+from test_topas_paper_search import MU_B, eq13_index, fork_index, index, point
 from test_topas_support import PROFILE, req, snap, task
 
 from topas_agents.policies import make_policy
@@ -30,14 +30,11 @@ def test_a_rival_state_in_greedy_order_scores_as_greedy_pack_does():
 
 
 def test_a_rival_state_keeps_the_running_set_and_pays_eq8_for_its_moves():
-    # p runs on C (retained: a rival preempts nothing); B is resident and idle, A is not resident.
+    # eq13_index(): p runs on C (retained: a rival preempts nothing); B is resident and idle.
     # Admitting r (g = 1.5, Delta = 2) on A: R' = {A, C}, A comes in, B goes out, one task in.
     # Score = 1.5 x 2 - (l_A + l_B) mu/B x 1 + n_A l_A mu/B (n_A = 2); no J_redo, no J_revoke.
-    p = req("p", "tp", "s", "C", gen=50, inp=50, out=100)
-    r = req("r", "t", "s", "A", inp=50, out=50)
-    ix = index([r], [p], values={"t": point(("s", 2.0)), "tp": point(("s", 5.0))}, service={"r": 2.0, "p": 5.0},
-               resident={"B"}, tokens={"A": 1000, "B": 2000, "C": 3000}, weight={"t": 1.5, "tp": 1.0},
-               credit={"p": 0.7}, counts={"A": 2})
+    ix = eq13_index()
+    p, r = ix.running["C"][0], ix.waiting["A"][0]
     pack = rival_pack(ix, ("r",))
     assert pack.agents == frozenset({"A", "C"})
     assert pack.states == [(1, pytest.approx(3.0 - 3000 * MU_B + 2 * 1000 * MU_B))]

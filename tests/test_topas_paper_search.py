@@ -114,15 +114,21 @@ def test_greedy_pack_reserves_capacity_and_a_slot_for_uncovered_prefixes():
     assert greedy_pack(tight, frozenset({"A", "B"})) is None
 
 
-def test_score_eq13_and_the_k_cap():
-    # R_t = {B (idle), C (runs p, 50 tokens generated, credit 0.7)}; candidate R = {A}: A comes in,
-    # B and C go out, p is preempted. Admit r (g = 1.5, Delta = 2) of one task waiting on A.
-    # Score = 1.5 x 2 - (l_A + l_B + l_C) mu/B x 1 task - T_decode x 50 - 0.7 + n_A l_A mu/B (n_A = 2).
+def eq13_index() -> Index:
+    """R_t = {B (idle, 2000 tokens), C (3000; runs p, 50 tokens generated, credit 0.7)}; r
+    (g = 1.5, Delta = 2) of one task waits on A (1000, not resident); n_A = 2."""
     p = req("p", "tp", "s", "C", gen=50, inp=50, out=100)
     r = req("r", "t", "s", "A", inp=50, out=50)
-    ix = index([r], [p], values={"t": point(("s", 2.0)), "tp": point(("s", 5.0))}, service={"r": 2.0, "p": 5.0},
-               resident={"B"}, tokens={"A": 1000, "B": 2000, "C": 3000}, weight={"t": 1.5, "tp": 1.0},
-               credit={"p": 0.7}, counts={"A": 2})
+    return index([r], [p], values={"t": point(("s", 2.0)), "tp": point(("s", 5.0))}, service={"r": 2.0, "p": 5.0},
+                 resident={"B"}, tokens={"A": 1000, "B": 2000, "C": 3000}, weight={"t": 1.5, "tp": 1.0},
+                 credit={"p": 0.7}, counts={"A": 2})
+
+
+def test_score_eq13_and_the_k_cap():
+    # eq13_index(); candidate R = {A}: A comes in, B and C go out, p is preempted, r admitted.
+    # Score = 1.5 x 2 - (l_A + l_B + l_C) mu/B x 1 task - T_decode x 50 - 0.7 + n_A l_A mu/B (n_A = 2).
+    ix = eq13_index()
+    p, r = ix.running["C"][0], ix.waiting["A"][0]
     pack = greedy_pack(ix, frozenset({"A"}))
     expect = 3.0 - 6000 * MU_B - t_decode(p, PROFILE) * 50 - 0.7 + 2 * 1000 * MU_B
     assert [rq.rid for rq in pack.preempt] == ["p"]

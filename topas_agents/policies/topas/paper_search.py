@@ -5,6 +5,10 @@ from R_g = R_t take the best Phi-improving single addition over all outside agen
 first stall test all outside pairs once; Repair(R_g); add the incumbent S_t. Then remove the
 empty incumbent if a nonempty state exists, and return the best score (deterministic ties:
 the first state generated wins, equal scores prefer more admissions).
+
+Named options (off by default, paper_config.py): `width` and `max_additions` bound the greedy
+branch, `drop_incumbent` lets a waiting best state give way to one that admits without
+preempting, `keep_idle`/`prefetch` add idle prefixes to A_t.
 """
 
 from __future__ import annotations
