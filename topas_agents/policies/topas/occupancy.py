@@ -30,8 +30,10 @@ Two consequences the per-horizon score does not see, each measured on random-sui
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ...snapshot import RequestView, Snapshot
 from ..baselines import task_fcfs_key
 
 if TYPE_CHECKING:
@@ -59,30 +61,39 @@ def reserve_head(ctx: Context) -> Reservation | None:
 
     Its KV need includes its prefix unless resident; prefixes of agents with running requests
     (and the head's own) stay, idle ones count as free (the head may evict them)."""
-    snap = ctx.snap
+    mean_request_s = ctx.horizon_s / ctx.cfg.horizon
+    return head_reservation(ctx.snap, ctx.cfg.backfill * mean_request_s, ctx.gpu, ctx.tokens,
+                            ctx.running_reqs, ctx.remaining)
+
+
+def head_reservation(snap: Snapshot, patience_s: float, resident: Collection[str], tokens: Mapping[str, int],
+                     running: Mapping[str, Sequence[RequestView]], remaining: Callable[[RequestView], float],
+                     order: Callable[[RequestView], Any] | None = None) -> Reservation | None:
+    """The head's reservation once it has waited `patience_s` (shared by `topas` and the paper
+    core's option `backfill`): `resident` prefixes, `tokens` l_a, `running` requests by agent,
+    `remaining` service of a running request; they end in `order` (default: `remaining`)."""
     if not snap.waiting:
         return None
     head = min(snap.waiting, key=task_fcfs_key)
-    mean_request_s = ctx.horizon_s / ctx.cfg.horizon
-    if snap.now - head.arrival_s < ctx.cfg.backfill * mean_request_s:
+    if snap.now - head.arrival_s < patience_s:
         return None  # not starving yet: Topas's own order stands
-    busy = set(ctx.running_reqs) | {head.agent}
-    pinned = sum(ctx.tokens[a] for a in ctx.gpu if a in busy and a in ctx.tokens)
-    need = head.kv_tokens + (0 if head.agent in ctx.gpu else ctx.tokens.get(head.agent, head.prefix_tokens))
-    free = snap.kv_budget - pinned - sum(ctx.running_kv.values())
+    busy = set(running) | {head.agent}
+    pinned = sum(tokens[a] for a in resident if a in busy and a in tokens)
+    need = head.kv_tokens + (0 if head.agent in resident else tokens.get(head.agent, head.prefix_tokens))
+    free = snap.kv_budget - pinned - sum(r.kv_tokens for r in snap.running)
     if need <= free:
         return Reservation(head.rid, head.agent, 0.0, free - need)
     # Running requests end in order of remaining service; when an agent's last one ends, its
     # prefix is idle and the head may evict it too (a prefix kept pinned here would make a
     # head that needs the whole budget wait forever: start_s = inf reserves nothing).
-    left = {agent: len(reqs) for agent, reqs in ctx.running_reqs.items()}
-    for req in sorted(snap.running, key=ctx.remaining):
+    left = {agent: len(reqs) for agent, reqs in running.items()}
+    for req in sorted(snap.running, key=order or remaining):
         free += req.kv_tokens
         left[req.agent] -= 1
-        if not left[req.agent] and req.agent != head.agent and req.agent in ctx.gpu:
-            free += ctx.tokens.get(req.agent, 0)
+        if not left[req.agent] and req.agent != head.agent and req.agent in resident:
+            free += tokens.get(req.agent, 0)
         if free >= need:
-            return Reservation(head.rid, head.agent, ctx.remaining(req), free - need)
+            return Reservation(head.rid, head.agent, remaining(req), free - need)
     return Reservation(head.rid, head.agent, float("inf"), 0)
 
 

@@ -21,8 +21,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ...snapshot import RequestView
-from ..baselines import task_fcfs_key
-from .occupancy import Reservation
+from .occupancy import Reservation, head_reservation
 
 if TYPE_CHECKING:
     from .paper_pack import Index
@@ -38,27 +37,10 @@ def remaining_s(ix: Index, r: RequestView) -> float:
 def reserve_head(ix: Index, mean_request_s: float) -> Reservation | None:
     """The reservation of the oldest task's first waiting request (None before it has waited
     `backfill` x `mean_request_s`, or when nothing waits)."""
-    snap = ix.snap
-    if not snap.waiting or ix.cfg.backfill <= 0.0:
+    if ix.cfg.backfill <= 0.0:
         return None
-    head = min(snap.waiting, key=task_fcfs_key)
-    if snap.now - head.arrival_s < ix.cfg.backfill * mean_request_s:
-        return None
-    busy = set(ix.running) | {head.agent}
-    pinned = sum(ix.tokens[a] for a in ix.resident if a in busy and a in ix.tokens)
-    need = head.kv_tokens + (0 if head.agent in ix.resident else ix.tokens[head.agent])
-    free = snap.kv_budget - pinned - sum(r.kv_tokens for r in snap.running)
-    if need <= free:
-        return Reservation(head.rid, head.agent, 0.0, free - need)
-    left = {agent: len(reqs) for agent, reqs in ix.running.items()}
-    for r in sorted(snap.running, key=lambda r: (remaining_s(ix, r), r.rid)):
-        free += r.kv_tokens
-        left[r.agent] -= 1
-        if not left[r.agent] and r.agent != head.agent and r.agent in ix.resident:
-            free += ix.tokens.get(r.agent, 0)
-        if free >= need:
-            return Reservation(head.rid, head.agent, remaining_s(ix, r), free - need)
-    return Reservation(head.rid, head.agent, float("inf"), 0)
+    return head_reservation(ix.snap, ix.cfg.backfill * mean_request_s, ix.resident, ix.tokens, ix.running,
+                            lambda r: remaining_s(ix, r), order=lambda r: (remaining_s(ix, r), r.rid))
 
 
 def delays_head(ix: Index, r: RequestView, spare: int) -> bool:

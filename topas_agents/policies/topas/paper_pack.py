@@ -15,7 +15,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ...snapshot import RequestView, Snapshot
+from ...snapshot import PrefixView, RequestView, Snapshot
 from .occupancy import Reservation
 from .paper_config import PaperConfig
 from .paper_occupancy import delays_head, head_advance, uses_spare
@@ -46,13 +46,13 @@ class Index:
     pinned: frozenset[str] = frozenset()  # option pin_finishing: rids that must not be preempted
     delta0: dict[str, float] = field(default_factory=dict)  # rid -> Delta(r | {}) (shared by packs)
     reservation: Reservation | None = None  # option backfill: the head's (paper_occupancy.py)
-    known: frozenset[str] | None = None  # agents with a prefix the engine knows (filled on first use)
+    views: dict[str, PrefixView] | None = None  # the engine's prefixes by agent (built on first use)
     uncapped: dict[str, float] = field(default_factory=dict)  # rid -> D_r before option horizon's cap
 
-    def known_prefixes(self) -> frozenset[str]:
-        if self.known is None:
-            self.known = frozenset(p.agent for p in self.snap.prefixes)
-        return self.known
+    def prefix_views(self) -> dict[str, PrefixView]:
+        if self.views is None:
+            self.views = {p.agent: p for p in self.snap.prefixes}
+        return self.views
 
     def marginal(self, req: RequestView, served: Served) -> float:
         """Delta(r | H) (eq 6); with option work_floor at least work_floor x D_r."""
@@ -108,7 +108,7 @@ def idle_allowed(ix: Index, agent: str) -> bool:
     nothing to run when a downstream stage of it is about to be released (n_a > 0)."""
     if not ix.cfg.keep_idle or ix.counts.get(agent, 0) <= 0:
         return False
-    return agent in ix.resident or (bool(ix.cfg.prefetch) and agent in ix.known_prefixes())
+    return agent in ix.resident or (bool(ix.cfg.prefetch) and agent in ix.prefix_views())
 
 
 @dataclass(slots=True)
@@ -191,7 +191,7 @@ def move_cost(ix: Index, r_in: frozenset[str], r_out: frozenset[str], tasks_in: 
     are free."""
     if not ix.cfg.smith_move:
         return j_move(r_in, r_out, ix.tokens, ix.snap.profile, len({t for tasks in tasks_in.values() for t in tasks}))
-    views = {p.agent: p for p in ix.snap.prefixes}
+    views = ix.prefix_views()
     stall = len(ix.snap.running)
     items = []
     for agent, tasks in tasks_in.items():
@@ -252,11 +252,24 @@ def _reserved_first(ix: Index, fr: _Frame, represented: set[str]) -> frozenset[s
     out = []
     for a in sorted(fr.uncovered):
         room = fr.free - fr.reserve + fr.need[a]
-        group = sorted(ix.waiting.get(a, ()), key=lambda r: _key(ix, r, ix.first_delta(r), r.task_id in represented))
-        pick = next((r for r in group[:ix.cfg.reserve_first] if r.kv_tokens <= room), None)
+        best = heapq.nsmallest(ix.cfg.reserve_first, ix.waiting.get(a, ()),
+                               key=lambda r: _key(ix, r, ix.first_delta(r), r.task_id in represented))
+        pick = next((r for r in best if r.kv_tokens <= room), None)
         if pick is not None:
             out.append(pick.rid)
     return frozenset(out)
+
+
+def _serve(ix: Index, r: RequestView, served: dict[str, Served], tasks_in: dict[str, dict[str, float]],
+           r_in: frozenset[str]) -> float:
+    """Admit `r` in a pack's accounting: its credit g Delta(r | its task's earlier admissions)
+    (eqs 6-7); `r` joins its task's served set and, on an incoming prefix, J_move's tasks."""
+    task = ix.vkey[r.rid]
+    before = served.get(task, Served())
+    served[task] = before.plus(ix.col[r.rid], ix.service[r.rid])
+    if r.agent in r_in:
+        tasks_in.setdefault(r.agent, {})[r.task_id] = ix.gain_weight[r.task_id]
+    return ix.gain_weight[r.task_id] * ix.marginal(r, before)
 
 
 def _admit_loop(ix: Index, fr: _Frame, pack: Pack, fixed: float) -> None:
@@ -298,7 +311,7 @@ def _admit_loop(ix: Index, fr: _Frame, pack: Pack, fixed: float) -> None:
             continue  # free - held and the slots left only shrink: it never fits
         if res is not None and delays_head(ix, r, spare):
             continue  # the spare only shrinks too
-        credit = ix.gain_weight[r.task_id] * ix.marginal(r, served.get(task, Served()))
+        credit = _serve(ix, r, served, tasks_in, r_in)
         if res is not None and r.rid == res.rid:
             credit += advance
         elif uses_spare(ix, r):
@@ -307,10 +320,7 @@ def _admit_loop(ix: Index, fr: _Frame, pack: Pack, fixed: float) -> None:
         if covers:
             fr.uncovered.discard(r.agent)
             fr.reserve -= fr.need[r.agent]
-        served[task] = served.get(task, Served()).plus(ix.col[r.rid], ix.service[r.rid])
         represented.add(r.task_id)
-        if r.agent in r_in:
-            tasks_in.setdefault(r.agent, {})[r.task_id] = ix.gain_weight[r.task_id]
         admit_value += credit
         pack.admits.append(Admission(r, credit))
         if not fr.uncovered:
@@ -348,11 +358,7 @@ def rival_pack(ix: Index, admit: Sequence[str]) -> Pack | None:
     tasks_in: dict[str, dict[str, float]] = {}
     admit_value = 0.0
     for r in reqs:
-        task = ix.vkey[r.rid]
-        credit = ix.gain_weight[r.task_id] * ix.marginal(r, served.get(task, Served()))
-        served[task] = served.get(task, Served()).plus(ix.col[r.rid], ix.service[r.rid])
-        if r.agent in r_in:
-            tasks_in.setdefault(r.agent, {})[r.task_id] = ix.gain_weight[r.task_id]
+        credit = _serve(ix, r, served, tasks_in, r_in)
         admit_value += credit
         pack.admits.append(Admission(r, credit))
     score = admit_value - move_cost(ix, r_in, r_out, tasks_in) + _fixed_terms(ix, agents, ())
