@@ -31,6 +31,19 @@ def test_options_are_validated_and_split():
         make_policy("topas", {"bogus": "1"})
 
 
+def test_core_option_picks_the_guarded_core():
+    """`core` chooses which Topas the guard runs and forecasts; its own options reach it."""
+    full = make_policy("topas", {"core": "topas-paper-full", "forecast_first": "4", "beta": "0.5"})
+    assert full.active_name == "topas-paper-full" and full.topas.name == "topas-paper-full"
+    assert full.topas.config.beta == 0.5 and full.config.first == 4
+    assert make_policy("topas").active_name == "topas-core"
+    with pytest.raises(ConfigError, match="core must be one of"):
+        make_policy("topas", {"core": "lpm"})
+    guard = make_policy("topas", {"core": "topas-paper-full", "forecast_first": "4"})
+    assert len(_run(guard, tasks=12).tasks) == 12
+    assert guard.history and all("topas-paper-full" in f.scores for f in guard.history)  # it is forecast too
+
+
 def test_live_engines_forecast_in_the_background():
     assert make_live_policy("topas").config.mode == "background"
     assert make_policy("topas").config.mode == "inline"  # benches stay deterministic

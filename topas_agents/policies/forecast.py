@@ -308,19 +308,28 @@ class _Pending(NamedTuple):
     margin: float
 
 
+# The cores the guard can run: `topas-core` (the default) and the paper core with every named
+# option at topas's value, so the two code paths are compared behind the same guard.
+GUARD_CORES: tuple[str, ...] = ("topas-core", "topas-paper-full")
+
+
 def make_topas_guard(**options: Any) -> ForecastGuard:
     """The registry's `topas`: `topas-core` behind the forecast guard. Options:
     `forecast_<field>` sets a ForecastConfig field (`forecast_margin=0.05`,
-    `forecast_tasks=60`); the rest go to the core (`rho=2`, `k_preempt=0`, ...)."""
+    `forecast_tasks=60`); `core` picks the guarded core (GUARD_CORES); the rest go to the core
+    (`rho=2`, `k_preempt=0`, ...)."""
     fields = {f for f in ForecastConfig.__dataclass_fields__}
     guard: dict[str, Any] = {}
     topas: dict[str, Any] = {}
+    core = str(options.get("core", "topas-core"))
+    if core not in GUARD_CORES:
+        raise ConfigError(f"topas option core must be one of {', '.join(GUARD_CORES)}, got {core!r}")
     for key, value in options.items():
         if key.startswith("forecast_") and key[9:] in fields:
             guard[key[9:]] = _convert(key[9:], value)
-        else:
+        elif key != "core":
             topas[key] = value
-    return ForecastGuard("topas-core", topas, replace(ForecastConfig(), **guard), name="topas")
+    return ForecastGuard(core, topas, replace(ForecastConfig(), **guard), name="topas")
 
 
 def _convert(field_name: str, value: Any) -> Any:
