@@ -40,3 +40,20 @@ def test_bad_arguments_exit_2_with_a_message(capsys):
     assert "--steps" in capsys.readouterr().err
     assert po.main(["--seeds", "1,1"]) == 2
     assert "twice" in capsys.readouterr().err
+
+
+def test_an_unwritable_json_fails_before_the_runs(tmp_path, capsys, monkeypatch):
+    """The two bench CLIs check `--json` before a run of tens of minutes, not after it."""
+    from topas_agents.bench import evaluate
+
+    def no_runs(*args, **kwargs):
+        raise AssertionError("ran before checking --json")
+
+    monkeypatch.setattr(po, "run_steps", no_runs)
+    monkeypatch.setattr(evaluate, "evaluate", no_runs)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert po.main(["--json", str(blocker / "out.json")]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+    assert evaluate.main(["--json", str(tmp_path)]) == 2  # a directory, not a file
+    assert "is a directory" in capsys.readouterr().err

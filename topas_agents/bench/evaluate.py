@@ -15,7 +15,6 @@ alone screens one variant quickly).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -98,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import yaml
 
+    from ..cli.args import check_output, write_json
     from ..policies import available_policies
 
     args = _parser().parse_args(argv)
@@ -108,15 +108,15 @@ def main(argv: list[str] | None = None) -> int:
         tier = "none" if args.no_host_tier else args.host_tier
         host_tier = parse_host_tier(tier, available_policies()) if tier else None
         options = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.opt)}
+        check_output("--json", args.json)  # before the evaluation, not after it
         docs = evaluate(args.workloads.split(","), policies, args.tasks, seeds, loads, args.jobs, args.profile,
                         options, host_tier)
+        print(format_table(docs))
+        if args.json:
+            write_json(args.json, docs)
     except (TopasError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(format_table(docs))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(docs, fh, indent=1)
     sys.stdout.flush()
     return 0
 

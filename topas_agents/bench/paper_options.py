@@ -16,7 +16,6 @@ options add. The last step has every option at `topas`'s value (`TOPAS_OPTIONS`,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -113,6 +112,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..cli.args import check_output, write_json
+
     args = _parser().parse_args(argv)
     try:
         tasks = parse_positive_int(args.tasks, "--tasks")
@@ -121,14 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         n = parse_positive_int(args.steps, "--steps")
         if n > len(STEPS):
             raise TopasError(f"--steps: at most {len(STEPS)}, got {n}")
+        check_output("--json", args.json)  # before a run of tens of minutes, not after it
         result = run_steps(STEPS[:n], [w.strip() for w in args.workloads.split(",")], tasks, seeds, jobs)
+        print(format_steps(result))
+        if args.json:
+            write_json(args.json, result)
     except TopasError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(format_steps(result))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
     return 0
 
 
