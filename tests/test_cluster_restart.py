@@ -42,6 +42,8 @@ def test_replica_restarts_option():
     assert restart_policy(p.parse_args([])) == RestartPolicy()
     assert restart_policy(p.parse_args(["--replica-restarts", "5"])).max_restarts == 5
     assert not restart_policy(p.parse_args(["--replica-restarts", "0"])).enabled
+    with pytest.raises(SystemExit):
+        p.parse_args(["--replica-restarts", "-1"])
 
 
 def test_a_replica_that_keeps_dying_is_given_up(tmp_path):

@@ -69,6 +69,12 @@ def test_topas_serve_sim_serves_and_stops_on_sigint() -> None:
         (["serve", "--responder", "replay"], "--replay-file"),
         (["serve", "--responder", "replay", "--replay-file", "/nonexistent.jsonl"], "not found"),
         (["serve", "stray"], "unexpected arguments"),
+        # 0 or fewer replicas took the one-server path and served one engine without a word
+        (["serve", "--replicas", "0"], "argument --replicas"),
+        (["serve", "--replicas", "-2"], "argument --replicas"),
+        (["serve", "--replicas", "65"], "argument --replicas"),
+        # a negative restart count was read as 0 (never restart) without a word
+        (["serve", "--replicas", "2", "--replica-restarts", "-1"], "argument --replica-restarts"),
     ],
 )
 def test_user_errors_are_one_line_exit_2(argv, message, capsys) -> None:

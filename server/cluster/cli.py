@@ -10,14 +10,18 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from .config import ROUTER_POLICIES, RestartPolicy
+from topas_agents.cli.args import int_between, non_negative_int
+
+from .config import MAX_REPLICAS, ROUTER_POLICIES, RestartPolicy
 
 _DEFAULT_RESTART = RestartPolicy()
 
 
 def add_replica_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("many replicas (docs/cluster.md; needs smg: the [cluster] extra, or [sglang] with --engine sglang)")
-    g.add_argument("--replicas", type=int, default=1, metavar="N",
+    # Checked here, not only by ClusterConfig: N <= 1 takes the one-server path, which never
+    # builds a ClusterConfig, so 0 or -2 would otherwise serve one engine without a word.
+    g.add_argument("--replicas", type=int_between(1, MAX_REPLICAS), default=1, metavar="N",
                    help="run N replicas on ports PORT+1..PORT+N behind SGLang's gateway (smg), "
                    "with the Topas front on PORT (default 1: one server, no gateway)")
     g.add_argument("--router-policy", default="task", choices=ROUTER_POLICIES,
@@ -25,7 +29,7 @@ def add_replica_options(p: argparse.ArgumentParser) -> None:
                    "(default task); the others are smg's own policies")
     g.add_argument("--gpu-ids", default=None, metavar="ID,ID,...",
                    help="--replicas with --engine sglang: one GPU id per replica (default 0..N-1)")
-    g.add_argument("--replica-restarts", type=int, default=_DEFAULT_RESTART.max_restarts, metavar="R",
+    g.add_argument("--replica-restarts", type=non_negative_int, default=_DEFAULT_RESTART.max_restarts, metavar="R",
                    help="--replicas: restart a replica that dies at most R times within "
                    f"{_DEFAULT_RESTART.window_s:g} s, then leave it down (default %(default)s; 0: never restart)")
     g.add_argument("--smg-arg", action="append", default=[], metavar="ARG",
@@ -54,9 +58,9 @@ def replica_serve_args(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def restart_policy(args: argparse.Namespace) -> RestartPolicy:
-    """--replica-restarts R: R restarts per replica within the window; 0 (or less): none."""
+    """--replica-restarts R: R restarts per replica within the window; 0: none."""
     restarts = getattr(args, "replica_restarts", _DEFAULT_RESTART.max_restarts)
-    return RestartPolicy(enabled=restarts > 0, max_restarts=max(restarts, 0))
+    return RestartPolicy(enabled=restarts > 0, max_restarts=restarts)
 
 
 def serve_from_args(args: argparse.Namespace, engine_args: Sequence[str] = ()) -> int:

@@ -23,6 +23,9 @@ RouterPolicy = Literal["task", "agent", "cache_aware", "round_robin", "least_loa
 ROUTER_POLICIES: tuple[str, ...] = RouterPolicy.__args__  # type: ignore[attr-defined]
 KEYED_POLICIES = ("task", "agent")
 AssignmentMode = Literal["min_load", "min_group", "random"]
+# The most replicas one launcher (or one simulated cluster) runs: each takes a port above the
+# front's and, with --engine sglang, a GPU; 64 is past any single host.
+MAX_REPLICAS = 64
 
 # The header the front sets from the label; smg routes on it (--routing-key-headers).
 ROUTE_KEY_HEADER = "X-Topas-Route-Key"
@@ -117,8 +120,8 @@ class ClusterConfig:
     restart: RestartPolicy = RestartPolicy()
 
     def __post_init__(self) -> None:
-        if not 1 <= self.replicas <= 64:
-            raise ConfigError(f"--replicas must be in 1..64, got {self.replicas}")
+        if not 1 <= self.replicas <= MAX_REPLICAS:
+            raise ConfigError(f"--replicas must be in 1..{MAX_REPLICAS}, got {self.replicas}")
         if not 1 <= self.port <= 65535 - self.replicas - 2:
             raise ConfigError(f"--port must leave room for {self.replicas + 2} ports above it, got {self.port}")
         if self.engine not in ("sim", "sglang"):
