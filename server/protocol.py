@@ -3,11 +3,14 @@
 Only what the simulator needs is interpreted: the prompt text (token counts, responder
 input), `max_tokens`, `n` (must be 1), `stream`, `stream_options.include_usage`, and a chat
 request's `tools`/`tool_choice` (openai_format.parse_tools).
-Sampling parameters are accepted and ignored. Errors are `ApiError(400)` naming the field.
+Sampling parameters are checked as SGLang checks them (`_check_sampling`: a request the real
+server would refuse is refused here too, not served) and otherwise ignored. Errors are
+`ApiError(400)` naming the field.
 """
 
 from __future__ import annotations
 
+import math
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +26,14 @@ CallKind = Literal["chat", "completion"]
 MAX_TOKENS = 2**31 - 1
 MAX_MODEL_CHARS = 256  # the model name is echoed in every response and chunk
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
+# Numeric sampling parameters and the ranges SGLang's SamplingParams.verify() accepts
+# (lowest, highest, whether the lowest itself is allowed). None: no bound on that side.
+_SAMPLING_RANGES: dict[str, tuple[float | None, float | None, bool]] = {
+    "temperature": (0.0, None, True),
+    "top_p": (0.0, 1.0, False),
+    "frequency_penalty": (-2.0, 2.0, True),
+    "presence_penalty": (-2.0, 2.0, True),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +161,33 @@ def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
     return stream, usage
 
 
+def _number_in_range(key: str, value: Any) -> None:
+    lo, hi, lo_ok = _SAMPLING_RANGES[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad_request(f"'{key}' must be a number, got {short(value)}", key)
+    if (lo is not None and (value < lo or (value == lo and not lo_ok))) or (hi is not None and value > hi):
+        where = f"{'[' if lo_ok else '('}{lo:g}, {'inf)' if hi is None else f'{hi:g}]'}"
+        raise bad_request(f"'{key}' must be in {where}, got {short(value)}", key)
+
+
+def _check_sampling(body: Mapping[str, Any]) -> None:
+    """The sampling parameters a client sends (null means unset, as in the OpenAI API)."""
+    for key in _SAMPLING_RANGES:
+        if body.get(key) is not None:
+            _number_in_range(key, body[key])
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise bad_request(f"'seed' must be an integer, got {short(seed)}", "seed")
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, str) and not (
+            isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise bad_request(f"'stop' must be a string or a list of strings, got {short(stop)}", "stop")
+
+
 def _common(body: Any) -> tuple[str | None, int | None, bool, bool]:
     if not isinstance(body, Mapping):
         raise bad_request("request body must be a JSON object")
+    _check_sampling(body)
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
         raise bad_request(f"only n=1 is supported, got {short(n)}", "n")

@@ -80,12 +80,31 @@ def test_parse_chat_extracts_prompt_and_system_prefix() -> None:
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
         ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+        # sampling parameters SGLang refuses (type or range) are refused here, not served
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": -0.5}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": True}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, "top_p"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_p": 1.5}, "top_p"),
+        ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5}, "presence_penalty"),
+        ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": float("nan")}, "frequency_penalty"),
+        ({"messages": [{"role": "user", "content": "x"}], "seed": 1.5}, "seed"),
+        ({"messages": [{"role": "user", "content": "x"}], "stop": ["a", 3]}, "stop"),
     ],
 )
 def test_parse_chat_rejects_malformed_bodies(body: dict, param: str) -> None:
     with pytest.raises(ApiError) as info:
         parse_chat(body)
     assert info.value.status == 400 and info.value.param == param
+
+
+def test_sampling_parameters_in_range_are_accepted() -> None:
+    base = {"messages": [{"role": "user", "content": "x"}]}
+    for extra in ({"temperature": 0}, {"temperature": 1.7, "top_p": 1}, {"top_p": 0.01, "seed": -3},
+                  {"frequency_penalty": -2, "presence_penalty": 2.0}, {"stop": "END"}, {"stop": []},
+                  {"temperature": None, "top_p": None, "seed": None, "stop": None}):
+        assert parse_chat(base | extra).messages[0].content == "x"
+        assert parse_completion({"prompt": "x"} | extra).prompt_tokens >= 1
 
 
 def test_parse_completion_prompt_forms() -> None:
