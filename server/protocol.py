@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import TypeAdapter, ValidationError
+
 from . import tokens
 from .api_errors import bad_request
 from .openai_format import NO_TOOLS, ToolRequest, parse_tools
@@ -26,9 +28,14 @@ CallKind = Literal["chat", "completion"]
 MAX_TOKENS = 2**31 - 1
 MAX_MODEL_CHARS = 256  # the model name is echoed in every response and chunk
 _ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
-# Numeric sampling parameters and the ranges SGLang's SamplingParams.verify() accepts
-# (lowest, highest, whether the lowest itself is allowed). None: no bound on that side.
-_SAMPLING_RANGES: dict[str, tuple[float | None, float | None, bool]] = {
+# Sampling parameters as SGLang 0.5.23 reads them: the type of its OpenAI request models'
+# field (pydantic, lax: "0.7" and true are numbers there too) and, for numbers, the range its
+# SamplingParams.verify() accepts: (lowest, highest, whether the lowest itself is allowed).
+_SAMPLING_TYPES: dict[str, TypeAdapter] = {
+    "temperature": TypeAdapter(float), "top_p": TypeAdapter(float), "frequency_penalty": TypeAdapter(float),
+    "presence_penalty": TypeAdapter(float), "seed": TypeAdapter(int), "stop": TypeAdapter(str | list[str]),
+}
+_SAMPLING_RANGES: dict[str, tuple[float, float | None, bool]] = {
     "temperature": (0.0, None, True),
     "top_p": (0.0, 1.0, False),
     "frequency_penalty": (-2.0, 2.0, True),
@@ -161,27 +168,23 @@ def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
     return stream, usage
 
 
-def _number_in_range(key: str, value: Any) -> None:
-    lo, hi, lo_ok = _SAMPLING_RANGES[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise bad_request(f"'{key}' must be a number, got {short(value)}", key)
-    if (lo is not None and (value < lo or (value == lo and not lo_ok))) or (hi is not None and value > hi):
-        where = f"{'[' if lo_ok else '('}{lo:g}, {'inf)' if hi is None else f'{hi:g}]'}"
-        raise bad_request(f"'{key}' must be in {where}, got {short(value)}", key)
-
-
 def _check_sampling(body: Mapping[str, Any]) -> None:
     """The sampling parameters a client sends (null means unset, as in the OpenAI API)."""
-    for key in _SAMPLING_RANGES:
-        if body.get(key) is not None:
-            _number_in_range(key, body[key])
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise bad_request(f"'seed' must be an integer, got {short(seed)}", "seed")
-    stop = body.get("stop")
-    if stop is not None and not isinstance(stop, str) and not (
-            isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
-        raise bad_request(f"'stop' must be a string or a list of strings, got {short(stop)}", "stop")
+    for key, adapter in _SAMPLING_TYPES.items():
+        raw = body.get(key)
+        if raw is None:
+            continue
+        try:
+            value = adapter.validate_python(raw)
+        except ValidationError:
+            what = {"seed": "an integer", "stop": "a string or a list of strings"}.get(key, "a number")
+            raise bad_request(f"'{key}' must be {what}, got {short(raw)}", key) from None
+        if key not in _SAMPLING_RANGES:
+            continue
+        lo, hi, lo_ok = _SAMPLING_RANGES[key]
+        if not math.isfinite(value) or value < lo or (value == lo and not lo_ok) or (hi is not None and value > hi):
+            where = f"{'[' if lo_ok else '('}{lo:g}, {'inf)' if hi is None else f'{hi:g}]'}"
+            raise bad_request(f"'{key}' must be a finite number in {where}, got {short(raw)}", key)
 
 
 def _common(body: Any) -> tuple[str | None, int | None, bool, bool]:

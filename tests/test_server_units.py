@@ -83,7 +83,8 @@ def test_parse_chat_extracts_prompt_and_system_prefix() -> None:
         # sampling parameters SGLang refuses (type or range) are refused here, not served
         ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
         ({"messages": [{"role": "user", "content": "x"}], "temperature": -0.5}, "temperature"),
-        ({"messages": [{"role": "user", "content": "x"}], "temperature": True}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": [1]}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": "inf"}, "temperature"),
         ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, "top_p"),
         ({"messages": [{"role": "user", "content": "x"}], "top_p": 1.5}, "top_p"),
         ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5}, "presence_penalty"),
@@ -102,7 +103,8 @@ def test_sampling_parameters_in_range_are_accepted() -> None:
     base = {"messages": [{"role": "user", "content": "x"}]}
     for extra in ({"temperature": 0}, {"temperature": 1.7, "top_p": 1}, {"top_p": 0.01, "seed": -3},
                   {"frequency_penalty": -2, "presence_penalty": 2.0}, {"stop": "END"}, {"stop": []},
-                  {"temperature": None, "top_p": None, "seed": None, "stop": None}):
+                  {"temperature": None, "top_p": None, "seed": None, "stop": None},
+                  {"temperature": "0.7", "seed": "3"}):  # SGLang's pydantic models take these too
         assert parse_chat(base | extra).messages[0].content == "x"
         assert parse_completion({"prompt": "x"} | extra).prompt_tokens >= 1
 
