@@ -17,6 +17,7 @@ from topas_agents.errors import ConfigError
 from topas_agents.server.cluster.aggregate import (
     ReplicaAnswer,
     aggregate_stats,
+    client_error,
     merge_metrics,
     pick_owner_answer,
     pick_registration_answer,
@@ -121,6 +122,42 @@ def test_fan_out_answers():
     assert pick_owner_answer([ReplicaAnswer("u", None, None, "down")])[0] == 502
     assert pick_registration_answer([ReplicaAnswer("u", 201, {}), ReplicaAnswer("v", 200, {})])[0] == 201
     assert pick_registration_answer([ReplicaAnswer("u", 200, {}), ReplicaAnswer("v", 409, {})])[0] == 409
+
+
+def test_client_error_only_when_every_answer_refused_the_request():
+    bad = ReplicaAnswer("u1", 400, {"error": {"message": "calls must be >= 0"}})
+    status, body = client_error([bad, ReplicaAnswer("u2", 400, {"error": {}})])
+    assert status == 400 and body["error"]["message"] == "calls must be >= 0" and len(body["replicas"]) == 2
+    assert client_error([bad, ReplicaAnswer("u2", 200, {})]) is None  # one replica served it
+    assert client_error([bad, ReplicaAnswer("u2", 503, {})]) is None  # not the request's fault alone
+    assert client_error([ReplicaAnswer("u", None, None, "down")]) is None  # nobody answered
+    assert client_error([bad, ReplicaAnswer("u2", None, None, "down")])[0] == 400
+
+
+def test_front_passes_a_refused_read_through_and_answers_unknown_routes_as_json(monkeypatch):
+    from starlette.testclient import TestClient
+
+    from topas_agents.server.cluster.front import build_front
+
+    app = build_front(ClusterConfig(replicas=2))
+    paths = []
+
+    async def refuse(url, method, path, content=None, headers=None):
+        paths.append(path)
+        return ReplicaAnswer(url, 400, {"error": {"message": "bad calls", "type": "invalid_request_error"}})
+
+    monkeypatch.setattr(app.state.front, "one", refuse)
+    with TestClient(app) as client:
+        # before: 200 with replicas_up 0, an empty view that read as "every replica down"
+        r = client.get("/v1/topas/stats", params={"calls": "-1&full=1"})
+        assert r.status_code == 400 and r.json()["error"]["message"] == "bad calls"
+        assert paths[-1] == "/v1/topas/stats?calls=-1%26full%3D1"  # the value stays one value
+        for path in ("/metrics", "/v1/topas/workflows"):
+            assert client.get(path).status_code == 400, path
+        r = client.get("/no/such/route")
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+        r = client.delete("/v1/topas/workflows")
+        assert r.status_code == 405 and "error" in r.json() and "GET" in r.headers["allow"]
 
 
 def test_merge_metrics_groups_families():

@@ -122,6 +122,21 @@ def pick_owner_answer(answers: Sequence[ReplicaAnswer]) -> tuple[int, dict[str, 
                            "code": None}, "replicas": summary}
 
 
+def client_error(answers: Sequence[ReplicaAnswer]) -> tuple[int, dict[str, Any]] | None:
+    """A fanned-out read that no replica served because the request itself is wrong (a bad
+    query, missing credentials): every replica that answered said 4xx. Status and body of the
+    first such answer, with the replicas listed; None when some replica served it, or none
+    answered at all (then the aggregate shows the replicas as down)."""
+    if any(a.ok for a in answers):
+        return None
+    refused = [a for a in answers if a.status is not None and 400 <= a.status < 500]
+    if not refused or len(refused) < sum(a.status is not None for a in answers):
+        return None
+    first = refused[0]
+    body = dict(first.body) if isinstance(first.body, Mapping) else {"detail": first.body}
+    return first.status, {**body, "replicas": [a.brief() for a in answers]}
+
+
 def pick_registration_answer(answers: Sequence[ReplicaAnswer]) -> tuple[int, dict[str, Any]]:
     """A fanned-out workflow registration: any 4xx wins (it is the same on every replica);
     else 201 if any replica created it, 200 if all had it; unreachable replicas are listed."""

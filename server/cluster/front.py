@@ -18,11 +18,13 @@ import asyncio
 import contextlib
 import json
 import threading
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import httpx
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -32,6 +34,7 @@ from topas_agents.labels import BODY_KEY, header_fields
 from .aggregate import (
     ReplicaAnswer,
     aggregate_stats,
+    client_error,
     merge_metrics,
     pick_owner_answer,
     pick_registration_answer,
@@ -188,20 +191,29 @@ class Front:
 
     async def stats(self, request: Request) -> JSONResponse:
         calls = request.query_params.get("calls")
-        suffix = f"?calls={calls}" if calls is not None else ""
+        suffix = "?" + urllib.parse.urlencode({"calls": calls}) if calls is not None else ""
         answers = await self.fan_out(request, "GET", "/v1/topas/stats" + suffix)
+        refused = client_error(answers)  # e.g. ?calls=-1: the replicas' 400, not an empty view
+        if refused is not None:
+            return JSONResponse(refused[1], status_code=refused[0])
         view = aggregate_stats(answers)
         if request.query_params.get("full") in ("1", "true"):
             view["replica_stats"] = [a.body if a.ok else None for a in answers]
         return JSONResponse(view)
 
-    async def metrics(self, request: Request) -> PlainTextResponse:
+    async def metrics(self, request: Request) -> Response:
         answers = await self.fan_out(request, "GET", "/metrics")
+        refused = client_error(answers)
+        if refused is not None:
+            return JSONResponse(refused[1], status_code=refused[0])
         text = merge_metrics([a.body if a.ok and isinstance(a.body, str) else None for a in answers])
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def list_workflows(self, request: Request) -> JSONResponse:
         answers = await self.fan_out(request, "GET", "/v1/topas/workflows")
+        refused = client_error(answers)
+        if refused is not None:
+            return JSONResponse(refused[1], status_code=refused[0])
         names = sorted({n for a in answers if a.ok and isinstance(a.body, Mapping)
                         for n in a.body.get("workflows", [])})
         return JSONResponse({"workflows": names, "replicas": [
@@ -225,6 +237,14 @@ class Front:
     async def close(self) -> None:
         if self.client is not None:
             await self.client.aclose()
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """An unknown route or a wrong method, answered as the single server answers it: an
+    OpenAI-style body (405 keeps its Allow header)."""
+    kind = {404: "not_found_error"}.get(exc.status_code, "invalid_request_error")
+    return JSONResponse({"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}},
+                        status_code=exc.status_code, headers=exc.headers)
 
 
 def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
@@ -262,6 +282,6 @@ def build_front(config: ClusterConfig) -> Starlette:
             ("/v1/topas/tasks/{task_id}/stages/{stage}/done", front.done, "POST"),
         )
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     app.state.front = front
     return app
