@@ -31,17 +31,21 @@ import httpx
 from topas_agents.labels import BODY_KEY, Label, current_label
 
 
-def _with_headers(headers: httpx.Headers, lab: Label) -> None:
-    for key, value in lab.to_headers().items():
-        if key not in headers:  # httpx.Headers is case-insensitive
-            headers[key] = value
+def _with_headers(headers: httpx.Headers, lab: Label) -> httpx.Headers:
+    """`headers` plus the label's X-Topas-* headers that are not there yet, values as UTF-8
+    bytes: `headers[key] = value` encodes with the encoding httpx detected for the request's
+    headers, ASCII in practice, so a task id like "café" raised UnicodeEncodeError. Servers
+    decode them back (`topas_agents.labels.header_text`)."""
+    added = [(key.encode("ascii"), value.encode("utf-8")) for key, value in lab.to_headers().items()
+             if key not in headers]  # httpx.Headers is case-insensitive
+    return httpx.Headers([*headers.raw, *added]) if added else headers
 
 
 def add_label_headers(request: httpx.Request) -> None:
     """httpx request event hook (sync clients): add the label in force as headers."""
     lab = current_label()
     if lab is not None:
-        _with_headers(request.headers, lab)
+        request.headers = _with_headers(request.headers, lab)
 
 
 async def aadd_label_headers(request: httpx.Request) -> None:
@@ -68,8 +72,7 @@ def label_request(request: httpx.Request, lab: Label | None) -> httpx.Request:
     The body must be readable (httpx reads non-streaming bodies when it builds them)."""
     if lab is None:
         return request
-    headers = httpx.Headers(request.headers)
-    _with_headers(headers, lab)
+    headers = _with_headers(httpx.Headers(request.headers), lab)
     try:
         content = request.content
     except httpx.RequestNotRead:  # a streaming body: headers only

@@ -9,7 +9,8 @@
         client.chat.completions.create(model="m", messages=[...])
 
 The label in force (`topas_agents.label`, contextvars) is added to `extra_body["topas"]` and
-as `X-Topas-*` `extra_headers`; caller dicts are copied, never mutated. Calls are retried
+as `X-Topas-*` `extra_headers` (headers only when every field is ASCII: the body carries the
+rest); caller dicts are copied, never mutated. Calls are retried
 with tenacity on connection errors, timeouts and 5xx answers, never on 4xx; a stream that
 breaks mid-way is re-issued once and resumed (`topas_agents.cluster.stream_retry`). The inner
 client's own retries are switched off (`with_options(max_retries=0)`) so there is exactly one
@@ -60,6 +61,11 @@ def with_label(kwargs: Mapping[str, Any], lab: Label | None) -> dict[str, Any]:
     body = dict(out.get("extra_body") or {})
     body.setdefault(BODY_KEY, lab.to_body())  # an explicit per-call label wins
     out["extra_body"] = body
+    if not lab.ascii:
+        # The openai client builds its httpx headers at once, and httpx encodes those as ASCII:
+        # a task id like "café" raised UnicodeEncodeError on every call. The body label above
+        # carries it (every Topas server reads the body first).
+        return out
     headers = dict(out.get("extra_headers") or {})
     for key, value in lab.to_headers().items():
         headers.setdefault(key, value)

@@ -68,6 +68,23 @@ def test_event_hook_adds_headers_only(server):
     assert (call["stage"], call["agent"], call["label_source"]) == ("code", "coder", "headers")
 
 
+def test_non_ascii_labels_reach_the_server_by_transport_and_by_hook(server):
+    # before: httpx encoded the added headers as ASCII, so "café" raised UnicodeEncodeError
+    # (reported by the openai client as a connection error)
+    client = openai.OpenAI(base_url=server.url, api_key="x", http_client=hl.labelled_http_client(timeout=30),
+                           max_retries=0)
+    with label(task_id="café-1", stage="plan", agent="planner"):
+        client.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+    [call] = _calls(server, "café-1")
+    assert call["label_source"] == "body"
+    http = httpx.Client(event_hooks={"request": [hl.add_label_headers]}, timeout=30)
+    with label(task_id="naïve-2", stage="code", agent="coder"):
+        rsp = http.post(f"{server.url}/chat/completions", json={"model": "m", "messages": MSG, "max_tokens": 8})
+    assert rsp.status_code == 200
+    [call] = _calls(server, "naïve-2")  # UTF-8 in the header, decoded back by the server
+    assert (call["stage"], call["label_source"]) == ("code", "headers")
+
+
 def test_explicit_label_on_the_request_wins(server):
     http = hl.labelled_http_client(timeout=30)
     body = {"model": "m", "messages": MSG, "max_tokens": 8,

@@ -55,6 +55,11 @@ def test_unlabelled_is_none() -> None:
         ({"task_id": "t", "stage": "s", "agent": "a", "prefix_tokens": 1.5}, "prefix_tokens"),
         ({"task_id": "t", "stage": "s", "agent": "a", "colour": "red"}, "colour"),
         ({"task_id": "x" * 300, "stage": "s", "agent": "a"}, "task_id"),
+        ({"task_id": "t\n", "stage": "s", "agent": "a"}, "task_id"),  # not sendable as a header
+        ({"task_id": "t", "stage": "s\x00", "agent": "a"}, "stage"),
+        ({"task_id": "t", "stage": "s", "agent": "a\x85"}, "agent"),  # C1 control
+        ({"task_id": " t", "stage": "s", "agent": "a"}, "task_id"),  # a header would arrive as "t"
+        ({"task_id": "t", "stage": "s", "agent": "a", "workflow": "w "}, "workflow"),
     ],
 )
 def test_malformed_labels_name_the_field(data: dict, field: str) -> None:
@@ -76,7 +81,13 @@ def test_partial_headers_are_malformed() -> None:
     assert info.value.field == "stage"
 
 
-@given(st.builds(Label, st.text(min_size=1, max_size=20).filter(str.strip), st.text(min_size=1).filter(str.strip),
+# what a label's text fields may hold: no control characters or lone surrogates, no whitespace
+# around it (an HTTP header could not carry the label as given)
+ID_TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=20).filter(
+    lambda s: s.strip() == s and bool(s))
+
+
+@given(st.builds(Label, ID_TEXT, ID_TEXT,
                  st.from_regex(r"[A-Za-z0-9_-]{1,12}", fullmatch=True),
                  st.none() | st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True),
                  st.none() | st.integers(0, 10**6)))

@@ -88,6 +88,18 @@ def test_label_goes_in_body_and_headers_without_mutating_caller_dicts(server):
     assert headers["x-custom"] == "y"
 
 
+def test_a_non_ascii_label_travels_in_the_body(server):
+    # before: httpx encodes the headers the openai client builds as ASCII, so every call of a
+    # task named "café" raised UnicodeEncodeError
+    url, rec = server
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    with label(task_id="café-1", stage="设计", agent="architect"):
+        client.chat.completions.create(model="m", messages=MSG)
+    headers, body = rec.requests[-1]
+    assert body["topas"] == {"task_id": "café-1", "stage": "设计", "agent": "architect"}
+    assert "x-topas-task-id" not in headers  # body only: every Topas server reads it first
+
+
 def test_unlabelled_call_carries_no_label(server):
     url, rec = server
     client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)

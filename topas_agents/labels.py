@@ -35,6 +35,10 @@ _MAX_ID = 256
 # Larger than any KV budget; also bounds the digits int() parses (a 5000-digit header raised).
 MAX_PREFIX_TOKENS = 2**31 - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# C0 and C1 control characters and DEL: never part of a real id, and not sendable in an HTTP
+# header (h11 refuses them, which the openai client reported as "Connection error." after
+# four retries).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _clip(value: Any) -> str:
@@ -60,6 +64,12 @@ class Label:
     def to_headers(self) -> dict[str, str]:
         return {HEADERS[k]: str(v) for k, v in asdict(self).items() if v is not None}
 
+    @property
+    def ascii(self) -> bool:
+        """Every field is ASCII: an httpx client built with these headers can send them (it
+        encodes header values given at construction as ASCII; see integrations/openai_client)."""
+        return all(str(v).isascii() for v in asdict(self).values() if v is not None)
+
 
 def _text(data: Mapping[str, Any], key: str, required: bool) -> str | None:
     value = data.get(key)
@@ -75,6 +85,12 @@ def _text(data: Mapping[str, Any], key: str, required: bool) -> str | None:
         raise LabelError(key, f"longer than {_MAX_ID} characters")
     if _SURROGATE.search(value):
         raise LabelError(key, "contains a lone UTF-16 surrogate (invalid Unicode)")
+    if _CONTROL.search(value):
+        raise LabelError(key, "contains a control character")
+    if value != value.strip():
+        # an HTTP header cannot carry it (the value arrives stripped), so a header label and
+        # a body label of the same call would name two different tasks
+        raise LabelError(key, "starts or ends with whitespace")
     return value
 
 
