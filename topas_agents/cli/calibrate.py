@@ -44,6 +44,7 @@ from typing import NamedTuple
 
 from ..costmodel import DEFAULT_PROFILE, Profile, load_profile
 from ..errors import ConfigError
+from .args import check_output, positive_int
 
 WORDS = ("plan", "code", "test", "data", "user", "agent", "task", "value", "queue", "cache")
 PREFILL_WORDS = (32, 128, 512, 1024)  # prompt sizes (words ~ tokens) for the prefill slope
@@ -79,7 +80,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="PROFILE.yaml")
     p.add_argument("--name", default=None, help="profile name (default: the output file's stem)")
     p.add_argument("--base-profile", default=DEFAULT_PROFILE, help="profile supplying unmeasured fields")
-    p.add_argument("--kv-budget", type=int, default=None, help="KV budget tokens if the server cannot report it")
+    p.add_argument("--kv-budget", type=positive_int, default=None,
+                   help="KV budget tokens if the server cannot report it")
     p.set_defaults(run=run)
 
 
@@ -150,8 +152,27 @@ def _kv_budget(url: str, given: int | None) -> int | None:
         info = httpx.get(url.removesuffix("/v1") + "/get_server_info", timeout=10).json()
     except (httpx.HTTPError, ValueError):
         return None
-    value = info.get("max_total_num_tokens") or (info.get("internal_states") or [{}])[0].get("max_total_num_tokens")
-    return int(value) if value else None
+    states = info.get("internal_states") if isinstance(info, dict) else None
+    for source in (info, *(states if isinstance(states, list) else ())):
+        value = source.get("max_total_num_tokens") if isinstance(source, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _first_model(url: str) -> str:
+    """The server's first /v1/models id (what `--model` defaults to)."""
+    import httpx
+
+    try:
+        r = httpx.get(f"{url}/models", timeout=30)
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"calibrate: cannot reach {url}: {exc}") from None
+    try:
+        return str(r.json()["data"][0]["id"])
+    except (ValueError, LookupError, TypeError):
+        raise ConfigError(f"calibrate: {url}/models (HTTP {r.status_code}) lists no model: give the server's "
+                          "OpenAI base URL (it ends in /v1), or --model") from None
 
 
 def burst_size(kv_budget: int | None) -> int:
@@ -217,15 +238,16 @@ def run(args: argparse.Namespace) -> int:
     import httpx
 
     url = args.server.rstrip("/")
+    check_output("--out", args.out)  # before minutes of measuring, not after
     base = load_profile(args.base_profile)
+    model = args.model or _first_model(url)
     budget = _kv_budget(url, args.kv_budget)
+    if budget is None:
+        raise ConfigError("calibrate: the server does not report its KV pool size; pass --kv-budget TOKENS")
     try:
-        model = args.model or httpx.get(f"{url}/models", timeout=30).json()["data"][0]["id"]
         m = asyncio.run(measure(url, model, budget))
     except httpx.HTTPError as exc:
         raise ConfigError(f"calibrate: cannot reach {url}: {exc}") from None
-    if budget is None:
-        raise ConfigError("calibrate: the server does not report its KV pool size; pass --kv-budget TOKENS")
     out = Path(args.out)
     profile = fit_profile(base, args.name or out.stem, model, budget, m.prefill, m.decode, m.calls)
     write_profile(out, profile, url, base.name, m.prefill, m.decode, m.calls)

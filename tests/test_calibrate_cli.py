@@ -1,0 +1,50 @@
+"""`topas calibrate` against the embedded simulated server: a profile that loads, and bad
+input refused in one line (exit 2) before any measuring."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from topas_agents.cli import main
+from topas_agents.costmodel import load_profile
+from topas_agents.server import ServerConfig, start_server_in_thread
+
+
+@pytest.fixture(scope="module")
+def server():
+    handle = start_server_in_thread(ServerConfig(time_scale=200.0, policy="lpm", task_idle_timeout_s=0.0))
+    yield handle
+    handle.stop()
+
+
+def test_calibrate_writes_a_profile_that_loads(server, tmp_path):
+    out = tmp_path / "sim.yaml"
+    assert main(["calibrate", "--server", server.url, "--out", str(out), "--kv-budget", "20000"]) == 0
+    profile = load_profile(out)
+    assert (profile.name, profile.model, profile.kv_budget_tokens) == ("sim", "topas-sim", 20000)
+    # the fitted terms (noisy on a fast simulated server, so only their sanity is checked)
+    for value in (profile.tm_s, profile.tc_s_per_token, profile.call_overhead_s):
+        assert math.isfinite(value) and value >= 0
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    # the server's root, not its OpenAI base URL: was a KeyError traceback
+    ({"--server": "{root}/nope", "--kv-budget": "1000"}, "lists no model"),
+    # a directory as --out: was an IsADirectoryError traceback after the whole measurement
+    ({"--out": "{tmp}", "--kv-budget": "1000"}, "is a directory"),
+    # a zero budget wrote a profile that cannot admit anything
+    ({"--kv-budget": "0"}, "--kv-budget"),
+    # the simulated server does not report its pool: said before measuring, not after
+    ({}, "pass --kv-budget"),
+])
+def test_bad_input_is_one_line_exit_2(server, tmp_path, capsys, options, message):
+    given = {"--server": server.url, "--out": str(tmp_path / "p.yaml")} | options
+    argv = ["calibrate"]
+    for flag, value in given.items():
+        argv += [flag, value.format(root=server.url.removesuffix("/v1"), tmp=tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "p.yaml").exists()
