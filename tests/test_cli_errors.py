@@ -105,6 +105,9 @@ CASES = [
      "argument --tasks-per-replica: expected a positive integer"),
     (["--workload", "chain3", "--policies", "fcfs", "--tasks", "1", "--server", "http://127.0.0.1:9/v1"],
      "cannot reach the server at http://127.0.0.1:9/v1"),
+    # the real-engine bench's own checks were exit 1 without "error: "
+    (["--workload", "chain3", "--engine", "sglang"], "--engine sglang needs --model-path DIR"),
+    (["--workload", "chain3", "--server", "http://127.0.0.1:9/v1", "--scale", "2"], "need 0 < --scale <= 1"),
 ]
 
 

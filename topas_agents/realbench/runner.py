@@ -146,11 +146,11 @@ def run_once(base_url: str, args: argparse.Namespace, tasks: list[TaskPlan],
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the benchmark; prints one line per policy, writes --json; 0 if every task completed."""
     if (args.server is None) == (args.engine is None):
-        raise SystemExit("realbench: give exactly one of --server URL or --engine sglang --model-path DIR")
+        raise ConfigError("realbench: give exactly one of --server URL or --engine sglang --model-path DIR")
     if not 0 < args.scale <= 1 or args.tasks < 1 or args.rate <= 0:
-        raise SystemExit("realbench: need 0 < --scale <= 1, --tasks >= 1, --rate > 0")
+        raise ConfigError("realbench: need 0 < --scale <= 1, --tasks >= 1, --rate > 0")
     if args.engine and not args.model_path:
-        raise SystemExit("realbench: --engine sglang needs --model-path DIR")
+        raise ConfigError("realbench: --engine sglang needs --model-path DIR")
     from ..cli.args import check_output
 
     check_output("--json", args.json)
