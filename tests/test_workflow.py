@@ -80,6 +80,10 @@ def test_base_parses():
         ("stages.1.colour", "red", "stages[1]: unknown field 'colour'"),
         ("stages.1.name", "", "stages[1].name: expected a non-empty string"),
         ("stages.1.name", "s1", "stages: duplicate stage 's1'"),
+        # names are what labels carry: the label's rules (no control characters, no whitespace
+        # at either end), or the stage could never be named by a call
+        ("stages.1.name", "s2 ", "stages[1].name: starts or ends with whitespace"),
+        ("agents.0.name", "a\tb", "agents[0].name: contains a control character"),
         ("agents.1.name", "a", "agents: duplicate agent 'a'"),
         ("agents.0.prefix_tokens", -5, "agents[0].prefix_tokens: expected an integer >= 0"),
         ("agents.0.prefix_tokens", "4k", "agents[0].prefix_tokens: expected an integer >= 0"),

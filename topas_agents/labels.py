@@ -83,15 +83,24 @@ def _text(data: Mapping[str, Any], key: str, required: bool) -> str | None:
         raise LabelError(key, "must not be empty")
     if len(value) > _MAX_ID:
         raise LabelError(key, f"longer than {_MAX_ID} characters")
-    if _SURROGATE.search(value):
-        raise LabelError(key, "contains a lone UTF-16 surrogate (invalid Unicode)")
-    if _CONTROL.search(value):
-        raise LabelError(key, "contains a control character")
-    if value != value.strip():
-        # an HTTP header cannot carry it (the value arrives stripped), so a header label and
-        # a body label of the same call would name two different tasks
-        raise LabelError(key, "starts or ends with whitespace")
+    problem = text_problem(value)
+    if problem is not None:
+        raise LabelError(key, problem)
     return value
+
+
+def text_problem(value: str) -> str | None:
+    """Why `value` cannot be a label's text (nor a workflow, agent or stage name, which labels
+    name), or None. Lone surrogates are not Unicode. Control characters and whitespace at
+    either end cannot travel in an HTTP header (h11 refuses the one, the other arrives
+    stripped), so a header label and a body label of the same call would differ."""
+    if _SURROGATE.search(value):
+        return "contains a lone UTF-16 surrogate (invalid Unicode)"
+    if _CONTROL.search(value):
+        return "contains a control character"
+    if value != value.strip():
+        return "starts or ends with whitespace"
+    return None
 
 
 def _prefix_tokens(value: Any) -> int | None:

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from .errors import WorkflowError
+from .labels import text_problem
 from .workflow_model import _SURROGATE, AgentSpec, IntRange, StageSpec, Workflow, _clip, _topo_sort
 
 _STAGE_KEYS = {"name", "agent", "after", "requests", "input_tokens", "output_tokens", "tool_wait_s"}
@@ -71,8 +72,9 @@ def _name(value: Any, where: str, limit: int = DEFAULT_LIMITS.max_name_chars) ->
         raise WorkflowError(f"{where}: expected a non-empty string, got {_show(value)}")
     if len(value) > limit:
         raise WorkflowError(f"{where}: longer than {limit} characters")
-    if _SURROGATE.search(value):
-        raise WorkflowError(f"{where}: contains a lone UTF-16 surrogate (invalid Unicode)")
+    problem = text_problem(value)  # labels name it: the same rules as a label's text
+    if problem is not None:
+        raise WorkflowError(f"{where}: {problem}")
     return value
 
 
