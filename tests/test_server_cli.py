@@ -113,3 +113,19 @@ def test_a_busy_port_is_a_one_line_error_and_nothing_claims_to_serve(capsys) -> 
     captured = capsys.readouterr()
     assert rc == 2 and f"cannot listen on 127.0.0.1:{port}" in captured.err
     assert "serving" not in captured.out
+
+
+def test_sglang_launcher_checks_the_decision_log_before_starting(tmp_path) -> None:
+    # SGLang needs minutes to load a model before the plugin opens the log: refuse a path that
+    # cannot be written at once (no SGLang is needed to check this)
+    import argparse
+
+    from topas_agents.errors import ConfigError
+    from topas_agents.server.sglang import launch
+
+    args = argparse.Namespace(policy="lpm", policy_opt=[], profile=None, workflow=[], kv_budget=None,
+                              task_idle_timeout=300.0, decision_log=str(tmp_path))
+    with pytest.raises(ConfigError, match="--decision-log .*is a directory"):
+        launch.build_config(args, {})
+    args.decision_log = str(tmp_path / "logs" / "d.jsonl")
+    assert launch.build_config(args, {}).decision_log == args.decision_log

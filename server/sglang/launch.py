@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from ...cli.args import check_output
 from ...costmodel import DEFAULT_PROFILE, load_profile
 from ...errors import ConfigError
 from ...policies import make_live_policy
@@ -53,6 +54,8 @@ def build_config(args: argparse.Namespace, env: Mapping[str, str] | None = None)
         decision_log=getattr(args, "decision_log", None) or env.get(ENV["decision_log"]) or None,
         task_idle_s=float(getattr(args, "task_idle_timeout", 300.0)),
     )
+    # before SGLang loads a model for minutes: the plugin opens the log only inside it
+    check_output("--decision-log", config.decision_log)
     make_live_policy(config.policy, config.policy_options)
     load_profile(config.profile)
     for wf in config.workflows:
