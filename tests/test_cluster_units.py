@@ -4,6 +4,7 @@ stream resumption (no processes)."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from hypothesis import given
@@ -24,7 +25,7 @@ from topas_agents.server.cluster.aggregate import (
 )
 from topas_agents.server.cluster.commands import replica_argv, replica_env, smg_argv
 from topas_agents.server.cluster.config import ROUTE_KEY_HEADER, ClusterConfig
-from topas_agents.server.cluster.front import lift_label, route_key
+from topas_agents.server.cluster.front import lift_label, route_key, route_key_header
 
 
 def test_port_layout_and_validation():
@@ -158,6 +159,40 @@ def test_front_passes_a_refused_read_through_and_answers_unknown_routes_as_json(
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
         r = client.delete("/v1/topas/workflows")
         assert r.status_code == 405 and "error" in r.json() and "GET" in r.headers["allow"]
+
+
+def test_front_relays_non_ascii_labels_and_headers():
+    # before: a task id "café" (body or X-Topas-* header) or any non-ASCII header was a 500:
+    # the front re-encoded header text as ASCII
+    import httpx
+    from starlette.testclient import TestClient
+
+    from topas_agents.server.cluster.front import build_front
+
+    seen: list[tuple[httpx.Request, bytes]] = []
+
+    def smg(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "sim"}]})
+        seen.append((request, request.read()))
+        return httpx.Response(200, stream=httpx.ByteStream(b'{"ok": true}'))  # the front streams it
+
+    app = build_front(ClusterConfig(replicas=2))
+    app.state.front.client = httpx.AsyncClient(transport=httpx.MockTransport(smg))
+    msg = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(app) as client:
+        r = client.post("/v1/chat/completions", json={**msg, "topas": {"task_id": "café", "stage": "s", "agent": "a"}})
+        assert r.status_code == 200
+        r = client.post("/v1/chat/completions", json=msg, headers=[
+            ("X-Topas-Task-Id", "naïve".encode()), ("X-Topas-Stage", "s"), ("X-Topas-Agent", "a"),
+            ("X-Note", "ü".encode())])
+        assert r.status_code == 200
+    (body_call, _), (header_call, header_body) = seen
+    assert body_call.headers[ROUTE_KEY_HEADER] == route_key_header("café").decode() == "caf%C3%A9"
+    assert header_call.headers[ROUTE_KEY_HEADER] == "na%C3%AFve"
+    assert dict(header_call.headers.raw)[b"x-note"] == "ü".encode()  # passed through as sent
+    assert json.loads(header_body)["topas"]["task_id"] == "naïve"  # lifted into the body
+    assert route_key_header("t-1 x") == b"t-1 x"  # ASCII keys as they are
 
 
 def test_merge_metrics_groups_families():

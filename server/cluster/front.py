@@ -58,6 +58,13 @@ def lift_label(body: dict[str, Any], headers: Mapping[str, str]) -> Any:
     return None
 
 
+def route_key_header(key: str) -> bytes:
+    """The route key as a header value smg can read (visible ASCII): a non-ASCII key, such as
+    the task id "café", percent-encoded as UTF-8 (any one-to-one spelling keeps a task's calls
+    together; an ASCII key is sent as it is)."""
+    return (key if key.isascii() else urllib.parse.quote(key, safe="")).encode("ascii")
+
+
 def route_key(label: Any, policy: str) -> str | None:
     if policy not in KEYED_POLICIES or not isinstance(label, Mapping):
         return None
@@ -122,8 +129,10 @@ class Front:
 
     async def relay(self, request: Request) -> Response:
         raw = await request.body()
-        headers = {k: v for k, v in request.headers.items()
-                   if k.lower() not in _HOP and k.lower() != ROUTE_KEY_HEADER.lower()}
+        # the client's header bytes as they came: Starlette reads them as Latin-1 and httpx
+        # would encode that text as ASCII, so a non-ASCII value (a UTF-8 X-Topas-Task-Id) was a 500
+        drop = _HOP | {ROUTE_KEY_HEADER.lower()}
+        headers = [(k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in drop]
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -131,7 +140,7 @@ class Front:
         if isinstance(body, dict):
             key = route_key(lift_label(body, request.headers), self.config.router_policy)
             if key is not None:
-                headers[ROUTE_KEY_HEADER] = key
+                headers.append((ROUTE_KEY_HEADER.encode("ascii"), route_key_header(key)))
             model = await self.model_id()
             if model is not None:
                 body["model"] = model
