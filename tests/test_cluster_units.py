@@ -195,6 +195,27 @@ def test_front_relays_non_ascii_labels_and_headers():
     assert route_key_header("t-1 x") == b"t-1 x"  # ASCII keys as they are
 
 
+def test_front_fans_out_a_non_ascii_authorization_as_sent():
+    # before: a 500 (httpx encoded the header text as ASCII); now the replicas' 401
+    import httpx
+    from starlette.testclient import TestClient
+
+    from topas_agents.server.cluster.front import build_front
+
+    sent: list[bytes] = []
+
+    def replica(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers.raw[[k.lower() for k, _ in request.headers.raw].index(b"authorization")][1])
+        return httpx.Response(401, json={"error": {"message": "invalid API key", "type": "invalid_request_error"}})
+
+    app = build_front(ClusterConfig(replicas=2))
+    app.state.front.client = httpx.AsyncClient(transport=httpx.MockTransport(replica))
+    with TestClient(app) as client:
+        r = client.get("/v1/topas/stats", headers=[("Authorization", "Bearer ü".encode())])
+    assert r.status_code == 401 and r.json()["error"]["message"] == "invalid API key"
+    assert sent == ["Bearer ü".encode()] * 2
+
+
 def test_merge_metrics_groups_families():
     text = "# HELP m_total help\n# TYPE m_total counter\nm_total{a=\"1\"} 3\n# TYPE g gauge\ng 2\n"
     merged = merge_metrics([text, text])

@@ -104,7 +104,7 @@ class Front:
         return self.served_model
 
     async def one(self, url: str, method: str, path: str, content: bytes | None = None,
-                  headers: Mapping[str, str] | None = None) -> ReplicaAnswer:
+                  headers: Mapping[str, str | bytes] | None = None) -> ReplicaAnswer:
         try:
             r = await self.http.request(method, url + path, content=content, headers=headers,
                                         timeout=self.config.control_timeout_s)
@@ -121,7 +121,8 @@ class Front:
         """The call on every replica at once, with the caller's credentials (replicas started
         with --api-key check them on the control plane too)."""
         auth = request.headers.get("authorization")
-        headers = {"Authorization": auth} if auth else None
+        # as the bytes the client sent (Starlette reads Latin-1; httpx would encode text as ASCII)
+        headers = {"Authorization": auth.encode("latin-1")} if auth else None
         return list(await asyncio.gather(*(self.one(u, method, path, content, headers)
                                            for u in self.config.replica_urls)))
 
