@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from ..cli.args import check_api_key
 from ..costmodel import DEFAULT_PROFILE
 from ..errors import ConfigError
 
@@ -66,8 +67,7 @@ class ServerConfig:
         if self.stream_interval_s <= 0:
             raise ConfigError("stream_interval_s must be > 0")
         for key in self.api_keys:
-            if not key or key != key.strip() or not key.isprintable() or not key.isascii():
-                raise ConfigError("--api-key must be non-empty printable ASCII without surrounding spaces")
+            check_api_key(key)
         for name in ("max_call_history", "max_task_history", "default_max_tokens", "max_body_bytes",
                      "max_workflow_bytes", "offload_bytes", "max_response_chars"):
             if getattr(self, name) < 1:

@@ -136,6 +136,13 @@ def test_bench_errors_are_one_line(argv, needle, files, capsys):
         (["run", "sop", "--prompt", "x", "--seed", "-1"], "argument --seed: expected an integer >= 0"),
         (["eval", "softwaredev", "--rate", "0.05", "--tasks", "100000000"],
          "argument --tasks: expected an integer in [1, 100000]"),
+        # a key no HTTP header can carry: was a UnicodeEncodeError traceback at the first call
+        (["run", "sop", "--prompt", "x", "--server", "http://127.0.0.1:9/v1", "--api-key", "cl\u00e9"],
+         "--api-key must be non-empty printable ASCII"),
+        (["eval", "softwaredev", "--rate", "0.05", "--server", "http://127.0.0.1:9/v1", "--api-key", " k"],
+         "--api-key must be non-empty printable ASCII"),
+        (["metagpt", "config", "--base-url", "http://127.0.0.1:9/v1", "--root", "{dir}", "--api-key", "k\u00fc"],
+         "--api-key must be non-empty printable ASCII"),
     ],
 )
 def test_other_errors_are_one_line(argv, needle, files, capsys):

@@ -55,11 +55,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .run import client_api_key
+
+    api_key = client_api_key(args) if args.server else None  # before MetaGPT loads (seconds)
     from ..integrations.metagpt.cli_support import stdout_to_stderr
     from ..integrations.metagpt.environment import prepare_metagpt
     from ..integrations.metagpt.softwaredev import load_softwaredev
     from .args import check_output, write_json
-    from .run import client_api_key
 
     if args.plot:
         import matplotlib  # noqa: F401  (a missing [bench] extra fails now, not after the whole evaluation)
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                         restructure=not args.no_restructure,
                         parse_retries=args.parse_retries if args.parse_retries is not None else 2,
                         model=args.model, max_tokens=args.max_tokens,
-                        api_key=client_api_key(args) if args.server else None)
+                        api_key=api_key)
     show = not args.no_progress and sys.stderr.isatty()
     with stdout_to_stderr():
         doc = asyncio.run(evaluate(config, prompts, progress=show,

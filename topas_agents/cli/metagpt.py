@@ -21,6 +21,8 @@ from typing import Any
 
 from topas_agents.errors import ConfigError
 
+from .args import check_api_key
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("metagpt", help="MetaGPT integration utilities",
@@ -56,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         write_config_file,
     )
 
+    if args.api_key is not None:
+        check_api_key(args.api_key)  # MetaGPT's openai client would fail on it at its first call
     home = home_config_path()
     if args.home:
         path = write_config_file(home, args.base_url, model=args.model, api_key=args.api_key)

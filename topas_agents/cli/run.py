@@ -27,6 +27,7 @@ import uuid
 from typing import Any
 
 from ..errors import ConfigError
+from .args import check_api_key
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -57,7 +58,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def client_api_key(args: argparse.Namespace) -> str | None:
     """`--api-key`, else TOPAS_API_KEY (read here, at the CLI edge, only)."""
-    return getattr(args, "api_key", None) or os.environ.get("TOPAS_API_KEY") or None
+    if getattr(args, "api_key", None):
+        return check_api_key(args.api_key)
+    env = os.environ.get("TOPAS_API_KEY")
+    return check_api_key(env, "TOPAS_API_KEY") if env else None
 
 
 def _task_id_prefix(args: argparse.Namespace) -> str:
@@ -122,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--qa applies to `topas run sop` only")
     check_output("--json", args.json)  # before the tasks run, not after
     check_output("--trace", args.trace)
+    if args.server:
+        client_api_key(args)  # a key no header can carry: say so before MetaGPT loads
     prepare_metagpt(args.root, log_level="INFO" if args.verbose else "ERROR")
     from ..integrations.metagpt.recorder import save_trace
     from ..integrations.metagpt.server_api import embedded_server
