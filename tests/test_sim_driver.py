@@ -132,6 +132,23 @@ def test_profiles_default_call_overhead_to_zero_and_reject_negative(tmp_path: Pa
         load_profile(tmp_path / "bad.yaml")
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("tc_s_per_token", float("nan")),  # was reported as "arrival rate must be > 0"
+    ("swap_bytes_per_s", float("inf")),  # swaps were free
+    ("hbm_bytes_per_s", 0),  # every step infinite
+    ("tm_s", -0.01),
+    ("kv_budget_tokens", 0),
+])
+def test_profile_values_are_checked_when_loaded(tmp_path: Path, field: str, value: float) -> None:
+    import yaml
+
+    data = yaml.safe_load(PROFILE_PATH.read_text())
+    data[field] = value
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=f"{field} must be a finite number"):
+        load_profile(tmp_path / "bad.yaml")
+
+
 def test_concurrent_calls_queue_for_the_one_front_end() -> None:
     one_call = parse_workflow({"name": "one", "agents": [{"name": "a", "prefix_tokens": 0}],
                                "stages": [{"name": "s", "agent": "a", "requests": 1, "input_tokens": 10,

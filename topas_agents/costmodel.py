@@ -118,9 +118,26 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE, **overrides: Any) -
     if unknown or missing:
         raise ConfigError(f"{path}: unknown fields {unknown}, missing fields {missing}")
     profile = Profile(**{k: _coerce(k, fields[k], v, path) for k, v in data.items()})
-    if profile.call_overhead_s < 0:
-        raise ConfigError(f"{path}: call_overhead_s must be >= 0, got {profile.call_overhead_s}")
+    _check_values(profile, path)
     bad = sorted(set(overrides) - set(fields))
     if bad:
         raise ConfigError(f"unknown profile field '{bad[0]}'")
     return replace(profile, **overrides) if overrides else profile
+
+
+# Rates the cost model divides by: zero would make every step infinite.
+_DIVISORS = ("hbm_bytes_per_s", "attn_flops_per_s", "swap_bytes_per_s")
+
+
+def _check_values(profile: Profile, path: Path) -> None:
+    """Times and sizes are finite and >= 0, rates and sizes that scale work > 0: a NaN or an
+    infinite rate gave nonsense runs or an unrelated error later (NaN `tc_s_per_token` was
+    reported as "arrival rate must be > 0")."""
+    for f in dataclasses.fields(Profile):
+        value = getattr(profile, f.name)
+        if f.type not in ("int", "float"):
+            continue
+        positive = f.name in _DIVISORS or f.name in ("kv_bytes_per_token", "kv_budget_tokens")
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            need = "> 0" if positive else ">= 0"
+            raise ConfigError(f"{path}: {f.name} must be a finite number {need}, got {value!r}")
