@@ -220,6 +220,17 @@ def test_bench_outputs_are_checked_before_the_run(argv, files, monkeypatch, caps
     assert "is a file, not a directory" in capsys.readouterr().err
 
 
+def test_a_plot_without_a_suffix_is_checked_and_written_where_it_goes(tmp_path, capsys):
+    # matplotlib writes `out.png` for `--plot out`: the check looked at `out`, so a directory
+    # named out.png failed only after the run, and the path written was never said
+    (tmp_path / "p.png").mkdir()
+    argv = ["bench", "--workload", "chain3", "--policies", "fcfs", "--tasks", "3", "--load", "0.5", "--no-progress"]
+    assert main([*argv, "--plot", str(tmp_path / "p")]) == 2
+    assert "p.png: is a directory" in capsys.readouterr().err
+    assert main([*argv, "--plot", str(tmp_path / "q")]) == 0
+    assert f"plot: {tmp_path / 'q.png'}" in capsys.readouterr().err and (tmp_path / "q.png").is_file()
+
+
 @pytest.mark.parametrize("argv", [
     ["run", "sop", "--prompt", "x", "--json", "{trace}/x.json"],
     ["run", "sop", "--prompt", "x", "--trace", "{trace}/t.jsonl"],

@@ -99,9 +99,17 @@ def _policy_style(i: int, name: str) -> dict[str, Any]:
             "linewidth": 2.5 if name == "topas" else 1.4}
 
 
-def save_figure(fig: Any, path: str | Path, flag: str, dpi: int = 110) -> Path:
-    """Write `fig` to `path` (parents created); a failure is a one-line error naming `flag`."""
+def figure_path(path: str | Path) -> Path:
+    """Where a figure asked for at `path` is written: matplotlib adds `.png` to a name without
+    a suffix, so `--plot out` wrote `out.png` beside a checked `out`; callers check this path."""
     out = Path(path)
+    return out if out.suffix else out.with_name(out.name + ".png")
+
+
+def save_figure(fig: Any, path: str | Path, flag: str, dpi: int = 110) -> Path:
+    """Write `fig` to `figure_path(path)` (parents created); a failure is a one-line error
+    naming `flag`."""
+    out = figure_path(path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=dpi)

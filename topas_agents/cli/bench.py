@@ -273,6 +273,10 @@ def _write_timelines(args: argparse.Namespace, config: Any) -> None:
 def _check_outputs(args: argparse.Namespace) -> None:
     """Every output path before the run (a run can take hours; failing after it loses it)."""
     check_output("--json", args.json)
+    if args.plot:
+        from ..bench.plots import figure_path
+
+        args.plot = str(figure_path(args.plot))  # the file that will be written is the one checked
     check_output("--plot", args.plot)
     check_output("--timeline", args.timeline, "dir")
     if args.suite:
@@ -310,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.json, result)
     print(format_seeds_table(result) if args.seeds else format_table(result, capacity_for(config)))
     if args.plot:
-        plot_result(result, args.plot)
+        print(f"plot: {plot_result(result, args.plot)}", file=sys.stderr)
     if args.timeline:
         _write_timelines(args, config)
     return 0
