@@ -264,6 +264,23 @@ def test_microbench_honours_profile():
     assert out["gc_full"] >= 0 and 0.0 <= out["gc_mean_ms"] <= out["cpu_mean_ms"] + 1e-9
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--agents", "0"], "argument --agents: expected a positive integer"),  # was a traceback
+    (["--warmup", "-1"], "argument --warmup: expected an integer >= 0"),
+    (["--profile", "nope"], "unknown profile 'nope'"),  # was a traceback
+    (["--policies", "lpm,nope"], "unknown policy 'nope'"),  # was a traceback
+])
+def test_microbench_module_refuses_bad_input_in_one_line(argv, message, capsys):
+    from topas_agents.bench import microbench
+
+    try:
+        rc = microbench.main([*argv, "--decisions", "1", "--warmup", "0"] if argv[0] != "--warmup" else argv)
+    except SystemExit as exc:  # argparse's own refusals
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err
+
+
 def test_microbench_counts_only_collections_inside_timed_decisions():
     import gc
 

@@ -13,6 +13,7 @@ import argparse
 import gc
 import json
 import random
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -277,20 +278,28 @@ class _GcMeter:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..cli.args import non_negative_int, positive_int
+    from ..errors import TopasError
+    from .options import parse_policy_list
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policies", default="topas")
-    ap.add_argument("--agents", type=int, default=50)
-    ap.add_argument("--waiting", type=int, default=1000)
-    ap.add_argument("--decisions", type=int, default=200)
-    ap.add_argument("--warmup", type=int, default=20,
+    ap.add_argument("--agents", type=positive_int, default=50)
+    ap.add_argument("--waiting", type=positive_int, default=1000)
+    ap.add_argument("--decisions", type=positive_int, default=200)
+    ap.add_argument("--warmup", type=non_negative_int, default=20,
                     help="untimed decisions first (default 20; see run_decision_benchmark)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=non_negative_int, default=0)
     ap.add_argument("--profile", default=None, help="cost profile name or YAML (default: the default profile)")
     ap.add_argument("--check", action="store_true", help="check_decision every decision (not timed)")
     args = ap.parse_args(argv)
-    res = run_decision_benchmark(args.policies.split(","), args.agents, args.waiting, args.seed,
-                                 decisions=args.decisions, warmup=args.warmup, profile=args.profile,
-                                 check=args.check)
+    try:
+        res = run_decision_benchmark(list(parse_policy_list(args.policies)), args.agents, args.waiting, args.seed,
+                                     decisions=args.decisions, warmup=args.warmup, profile=args.profile,
+                                     check=args.check)
+    except TopasError as exc:  # an unknown profile, a policy that cannot be built
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(res, indent=2))
     return 0
 
