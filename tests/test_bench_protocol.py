@@ -272,11 +272,12 @@ def test_microbench_honours_profile():
 ])
 def test_microbench_module_refuses_bad_input_in_one_line(argv, message, capsys):
     from topas_agents.bench import microbench
+    from topas_agents.cli.args import run_module
 
-    try:
-        rc = microbench.main([*argv, "--decisions", "1", "--warmup", "0"] if argv[0] != "--warmup" else argv)
-    except SystemExit as exc:  # argparse's own refusals
-        rc = exc.code
+    args = [*argv, "--decisions", "1", "--warmup", "0"] if argv[0] != "--warmup" else argv
+    with pytest.raises(SystemExit) as exit_:  # as `python -m topas_agents.bench.microbench` runs it
+        run_module(lambda: microbench.main(args))
+    rc = exit_.value.code
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err
 

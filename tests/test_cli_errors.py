@@ -152,6 +152,19 @@ def test_other_errors_are_one_line(argv, needle, files, capsys):
     assert needle in err
 
 
+@pytest.mark.parametrize(("module", "argv", "needle"), [
+    ("topas_agents.sim.speed", ["--workload", "nope"], "unknown workflow 'nope'"),
+    ("topas_agents.bench.accuracy", ["--workloads", "nope"], "unknown workflow 'nope'"),
+    ("topas_agents.bench.microbench", ["--profile", "nope"], "unknown profile 'nope'"),
+    ("topas_agents.realbench.runner", ["--server", "http://127.0.0.1:9/v1", "--tasks", "1"], "cannot reach"),
+])
+def test_module_entry_points_report_one_line(module, argv, needle):
+    # `python -m ...` tools the docs name: each was a traceback, exit 1
+    proc = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and needle in proc.stderr
+
+
 def test_installed_script_reports_one_line():
     script = Path(sys.executable).parent / "topas"
     if not script.exists():

@@ -94,12 +94,17 @@ def _relearned(policy: TopasPolicy, cfg: TopasConfig) -> PathEstimator:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..cli.args import positive_int
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="dag4,dag10wide,metagpt-sop")
-    ap.add_argument("--tasks", type=int, default=60)
+    ap.add_argument("--tasks", type=positive_int, default=60)
     ap.add_argument("--samples", default="", help="comma-separated sample budgets (default: config)")
     args = ap.parse_args(argv)
-    budgets = [int(x) for x in args.samples.split(",") if x] or [None]
+    try:
+        budgets = [positive_int(x) for x in args.samples.split(",") if x] or [None]
+    except argparse.ArgumentTypeError as exc:
+        ap.error(f"argument --samples: {exc}")
     for w in args.workloads.split(","):
         for b in budgets:
             r = measure(w, args.tasks, samples=b)
@@ -108,4 +113,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ..cli.args import run_module
+
+    run_module(main)

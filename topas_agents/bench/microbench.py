@@ -13,7 +13,6 @@ import argparse
 import gc
 import json
 import random
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -279,7 +278,6 @@ class _GcMeter:
 
 def main(argv: list[str] | None = None) -> int:
     from ..cli.args import non_negative_int, positive_int
-    from ..errors import TopasError
     from .options import parse_policy_list
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -293,16 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None, help="cost profile name or YAML (default: the default profile)")
     ap.add_argument("--check", action="store_true", help="check_decision every decision (not timed)")
     args = ap.parse_args(argv)
-    try:
-        res = run_decision_benchmark(list(parse_policy_list(args.policies)), args.agents, args.waiting, args.seed,
-                                     decisions=args.decisions, warmup=args.warmup, profile=args.profile,
-                                     check=args.check)
-    except TopasError as exc:  # an unknown profile, a policy that cannot be built
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    res = run_decision_benchmark(list(parse_policy_list(args.policies)), args.agents, args.waiting, args.seed,
+                                 decisions=args.decisions, warmup=args.warmup, profile=args.profile,
+                                 check=args.check)
     print(json.dumps(res, indent=2))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ..cli.args import run_module
+
+    run_module(main)

@@ -7,11 +7,12 @@ import argparse
 import json
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..errors import ConfigError, TopasError
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
@@ -129,3 +130,15 @@ def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> froze
                 flags[action.dest] = (longs or action.option_strings)[0]
     namespace = parser.parse_args(list(argv))
     return frozenset(flags[dest] for dest in vars(namespace) if dest in flags)
+
+
+def run_module(main: Callable[[], int]) -> None:
+    """A `python -m topas_agents...` entry point: exits with `main()`'s status, and a
+    TopasError (an unknown workload, profile or policy) is one line on stderr, exit 2, as with
+    `topas` itself, not a traceback."""
+    try:
+        code = main()
+    except TopasError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 2
+    raise SystemExit(code)

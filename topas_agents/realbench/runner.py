@@ -269,11 +269,14 @@ def _as_dict(r: PolicyResult) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m topas_agents.realbench.runner ...` until the CLI wires `topas bench --server`."""
+    """`python -m topas_agents.realbench.runner ...`: the real-engine bench that `topas bench
+    --server URL` / `--engine sglang` runs (the same options)."""
     p = argparse.ArgumentParser(prog="realbench", description=__doc__.splitlines()[0])
     add_arguments(p)
     return run_from_args(p.parse_args(argv))
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ..cli.args import run_module
+
+    run_module(main)

@@ -23,17 +23,21 @@ HEAVY_RATE = 0.06
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m topas_agents.sim.speed", description=__doc__.splitlines()[0])
+    from ..bench.options import parse_policy_list
+    from ..cli.args import non_negative_int, positive_float, positive_int
+
     ap.add_argument("--workload", default="dag10wide")
-    ap.add_argument("--tasks", type=int, default=1000)
-    ap.add_argument("--rate", type=float, default=HEAVY_RATE, help="task arrivals per second")
+    ap.add_argument("--tasks", type=positive_int, default=1000)
+    ap.add_argument("--rate", type=positive_float, default=HEAVY_RATE, help="task arrivals per second")
     ap.add_argument("--policies", default=",".join(BASELINES))
     ap.add_argument("--profile", default=DEFAULT_PROFILE)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=non_negative_int, default=0)
     args = ap.parse_args(argv)
+    policies = parse_policy_list(args.policies)
     profile = load_profile(args.profile)
     trace = make_trace(load_workflow(args.workload), args.tasks, args.rate, args.seed)
     runs = {}
-    for name in args.policies.split(","):
+    for name in policies:
         t0 = time.perf_counter()
         result = simulate(trace, make_policy(name), profile)
         wall = time.perf_counter() - t0
@@ -53,4 +57,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from ..cli.args import run_module
+
+    run_module(main)
