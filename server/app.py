@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -305,13 +306,36 @@ def _add_topas_routes(app: FastAPI, svc: SimService) -> None:
                              "agents": {a.name: a.prefix_tokens for a in wf.agents}},
                             status_code=201 if new else 200)
 
-    @app.post("/v1/topas/tasks/{task_id}/stages/{stage}/done")
-    async def stage_done(request: Request, task_id: str, stage: str) -> dict[str, Any]:
+    # One route for both done calls, split on the raw path: a task id or stage may hold "/"
+    # (sent as %2F, which the ASGI server decodes before routing, so `{task_id}` never
+    # matched such a task and it could not be closed).
+    @app.post("/v1/topas/tasks/{target:path}")
+    async def done(request: Request, target: str) -> dict[str, Any]:
+        task_id, stage = done_target(request.scope.get("raw_path"), target)
+        if stage is None:
+            return await svc.task_done(task_id, _tenant(request))
         return await svc.stage_done(task_id, stage, _tenant(request))
 
-    @app.post("/v1/topas/tasks/{task_id}/done")
-    async def task_done(request: Request, task_id: str) -> dict[str, Any]:
-        return await svc.task_done(task_id, _tenant(request))
+
+_DONE_PREFIX = b"/v1/topas/tasks/"
+
+
+def done_target(raw_path: bytes | None, decoded: str) -> tuple[str, str | None]:
+    """(task id, stage or None) of `POST /v1/topas/tasks/{task}/done` or
+    `.../{task}/stages/{stage}/done`, each part percent-decoded (as UTF-8) from the raw path,
+    so an id holding "/" arrives whole; 404 for any other shape. Without a raw path (an ASGI
+    server that gives none) the decoded path is split instead."""
+    if raw_path is not None:
+        rest = raw_path.split(b"?", 1)[0]
+        rest = rest[len(_DONE_PREFIX):] if rest.startswith(_DONE_PREFIX) else b""
+    else:
+        rest = decoded.encode("utf-8", "surrogateescape")
+    parts = [unquote_to_bytes(p).decode("utf-8", "replace") for p in rest.split(b"/")]
+    if len(parts) == 2 and parts[1] == "done" and parts[0]:
+        return parts[0], None
+    if len(parts) == 4 and parts[1] == "stages" and parts[3] == "done" and parts[0] and parts[2]:
+        return parts[0], parts[2]
+    raise ApiError(404, "Not Found")
 
 
 def _calls_param(value: str | None) -> int | None:

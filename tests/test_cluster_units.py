@@ -216,6 +216,27 @@ def test_front_fans_out_a_non_ascii_authorization_as_sent():
     assert sent == ["Bearer ü".encode()] * 2
 
 
+def test_front_forwards_a_done_call_on_its_raw_path():
+    # a task id holding "/" reaches the replicas still escaped, so they split it exactly
+    import httpx
+    from starlette.testclient import TestClient
+
+    from topas_agents.server.cluster.front import build_front
+
+    paths: list[bytes] = []
+
+    def replica(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.raw_path)
+        return httpx.Response(200, json={"task_id": "repo/7"})
+
+    app = build_front(ClusterConfig(replicas=2))
+    app.state.front.client = httpx.AsyncClient(transport=httpx.MockTransport(replica))
+    with TestClient(app) as client:
+        assert client.post("/v1/topas/tasks/repo%2F7/stages/s%2F1/done").status_code == 200
+        assert client.post("/v1/topas/tasks/repo%2F7/done").status_code == 200
+    assert paths == [b"/v1/topas/tasks/repo%2F7/stages/s%2F1/done"] * 2 + [b"/v1/topas/tasks/repo%2F7/done"] * 2
+
+
 def test_merge_metrics_groups_families():
     text = "# HELP m_total help\n# TYPE m_total counter\nm_total{a=\"1\"} 3\n# TYPE g gauge\ng 2\n"
     merged = merge_metrics([text, text])

@@ -16,6 +16,7 @@ from topas_agents.integrations import httpx_labels as hl
 from topas_agents.integrations.openai_client import labelled
 from topas_agents.integrations.task import close_task, done_url, fields_in_force, task
 from topas_agents.server import ServerConfig, start_server_in_thread
+from topas_agents.server.api_errors import ApiError
 
 MSG = [{"role": "system", "content": "You are the planner."}, {"role": "user", "content": "plan a todo app"}]
 
@@ -161,6 +162,29 @@ def test_task_scope_labels_calls_and_closes_the_task(server):
     info = _task(server, "scope-1")
     assert info["done"] and info["done_reason"] == "explicit"
     assert [c["stage"] for c in _calls(server, "scope-1")] == ["plan", "code"]
+
+
+@pytest.mark.parametrize("task_id", ["repo/issue-7", "x/stages/y", "café 2", "%41"])
+def test_task_ids_with_slashes_and_escapes_close(server, task_id):
+    # before: the done route was /tasks/{task_id}/done, and a %2F in the id is decoded before
+    # routing, so a task named "repo/issue-7" could never be closed (404)
+    client = labelled(openai.OpenAI(base_url=server.url, api_key="x"))
+    with task(task_id=task_id, client=client), label(stage="plan", agent="planner"):
+        client.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+    assert _task(server, task_id)["done"]
+
+
+def test_done_paths_are_split_exactly():
+    from topas_agents.server.app import done_target
+
+    assert done_target(b"/v1/topas/tasks/a%2Fb/done", "") == ("a/b", None)
+    assert done_target(b"/v1/topas/tasks/a%2Fb/stages/s%2F1/done?x=1", "") == ("a/b", "s/1")
+    assert done_target(b"/v1/topas/tasks/caf%C3%A9/done", "") == ("café", None)
+    assert done_target(None, "t/done") == ("t", None)
+    for bad in (b"/v1/topas/tasks/a/b/done", b"/v1/topas/tasks//done", b"/v1/topas/tasks/a/stages//done",
+                b"/v1/topas/tasks/a/finish"):
+        with pytest.raises(ApiError):
+            done_target(bad, "")
 
 
 async def test_async_task_scope_with_fresh_id(server):

@@ -288,8 +288,9 @@ def build_front(config: ClusterConfig) -> Starlette:
             ("/v1/topas/stats", front.stats, "GET"),
             ("/v1/topas/workflows", front.list_workflows, "GET"),
             ("/v1/topas/workflows", front.add_workflow, "POST"),
-            ("/v1/topas/tasks/{task_id}/done", front.done, "POST"),
-            ("/v1/topas/tasks/{task_id}/stages/{stage}/done", front.done, "POST"),
+            # task and stage done, forwarded on the raw path: the replicas split it
+            # (server/app.py `done_target`), so an id holding "/" (%2F) arrives whole
+            ("/v1/topas/tasks/{target:path}", front.done, "POST"),
         )
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
