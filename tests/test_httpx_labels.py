@@ -174,6 +174,17 @@ def test_task_ids_with_slashes_and_escapes_close(server, task_id):
     assert _task(server, task_id)["done"]
 
 
+async def test_metagpt_runner_closes_a_task_whose_id_holds_a_slash(server):
+    # `topas run --task-id-prefix repo/x` ids: the runner's done call built the URL unescaped
+    from topas_agents.integrations.metagpt.server_api import notify_task_done
+
+    client = labelled(openai.AsyncOpenAI(base_url=server.url, api_key="x"))
+    with label(task_id="repo/x b#1-0", stage="plan", agent="planner"):
+        await client.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+    assert await notify_task_done(server.url, "repo/x b#1-0")
+    assert _task(server, "repo/x b#1-0")["done"]
+
+
 def test_done_paths_are_split_exactly():
     from topas_agents.server.app import done_target
 

@@ -17,6 +17,7 @@ import httpx
 import yaml
 
 from topas_agents.errors import ConfigError
+from topas_agents.integrations.task import done_url, server_root
 from topas_agents.workflow import Workflow
 
 log = logging.getLogger("topas.metagpt")
@@ -38,12 +39,6 @@ def probe_server(base_url: str, api_key: str | None = None, timeout_s: float = P
         raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
     if rsp.status_code in (401, 403):
         raise ConfigError(f"the server at {base_url} refused the API key (HTTP {rsp.status_code})")
-
-
-def server_root(base_url: str) -> str:
-    """`http://h:p/v1` -> `http://h:p` (the /v1/topas/* paths hang off the root)."""
-    url = base_url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 def workflow_mapping(wf: Workflow) -> dict[str, Any]:
@@ -80,7 +75,7 @@ def register_workflow(base_url: str, wf: Workflow, api_key: str | None = None) -
 
 async def notify_task_done(base_url: str, task_id: str, api_key: str | None = None) -> bool:
     """POST /v1/topas/tasks/{id}/done (the task's JCT ends at its last call)."""
-    url = f"{server_root(base_url)}/v1/topas/tasks/{task_id}/done"
+    url = done_url(base_url, task_id)  # the id percent-encoded: it may hold "/", "#" or spaces
     try:
         async with httpx.AsyncClient(timeout=TIMEOUT_S, headers=_auth(api_key)) as client:
             rsp = await client.post(url)
