@@ -107,7 +107,9 @@ def add_parser(subparsers: Any) -> None:
     tier.add_argument("--no-host-tier", action="store_true", help="alias of --host-tier none")
     p.add_argument("--policy-opt", action="append", default=[], metavar="POLICY.KEY=VALUE",
                    help="an option for one policy's factory (repeatable); VALUE is a YAML scalar")
-    p.add_argument("--policy-config", metavar="FILE.yaml", help="YAML mapping policy name -> options")
+    p.add_argument("--policy-config", metavar="FILE.yaml",
+                   help="YAML mapping policy name -> options; sections for policies not in --policies are "
+                        "ignored (one file can serve many runs), an unknown policy name is an error")
     _add_output_options(p)
     _add_suite_options(p)
     from ..cluster.cli import add_cluster_bench_options
