@@ -160,21 +160,6 @@ def _kv_budget(url: str, given: int | None) -> int | None:
     return None
 
 
-def _first_model(url: str) -> str:
-    """The server's first /v1/models id (what `--model` defaults to)."""
-    import httpx
-
-    try:
-        r = httpx.get(f"{url}/models", timeout=30)
-    except httpx.HTTPError as exc:
-        raise ConfigError(f"calibrate: cannot reach {url}: {exc}") from None
-    try:
-        return str(r.json()["data"][0]["id"])
-    except (ValueError, LookupError, TypeError):
-        raise ConfigError(f"calibrate: {url}/models (HTTP {r.status_code}) lists no model: give the server's "
-                          "OpenAI base URL (it ends in /v1), or --model") from None
-
-
 def burst_size(kv_budget: int | None) -> int:
     """CALL_BURST, or fewer so a burst's prompts fit half the KV pool (<= ~5 tokens a word)."""
     per_call = 5 * (CALL_PROBE_WORDS + 1)
@@ -240,7 +225,9 @@ def run(args: argparse.Namespace) -> int:
     url = args.server.rstrip("/")
     check_output("--out", args.out)  # before minutes of measuring, not after
     base = load_profile(args.base_profile)
-    model = args.model or _first_model(url)
+    from ..realbench.client import first_model_id
+
+    model = args.model or first_model_id(url)
     budget = _kv_budget(url, args.kv_budget)
     if budget is None:
         raise ConfigError("calibrate: the server does not report its KV pool size; pass --kv-budget TOKENS")

@@ -19,11 +19,27 @@ from typing import Any
 
 import httpx
 
+from ..errors import ConfigError
 from ..labels import Label
 from ..workflow import Workflow
 
 WORDS = ("plan", "design", "code", "review", "test", "module", "interface", "data", "user", "system",
          "agent", "task", "stage", "value", "error", "result", "function", "class", "queue", "cache")
+
+
+def first_model_id(base_url: str) -> str:
+    """The server's first `/models` id; ConfigError (one line, exit 2) when the server cannot
+    be reached or does not list a model the OpenAI way (a URL that is not the OpenAI base),
+    before any measuring or task starts. `topas bench --server` and `topas calibrate` use it."""
+    try:
+        r = httpx.get(f"{base_url}/models", timeout=30)
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
+    try:
+        return str(r.json()["data"][0]["id"])
+    except (ValueError, LookupError, TypeError):
+        raise ConfigError(f"{base_url}/models (HTTP {r.status_code}) lists no model: give the server's OpenAI "
+                          "base URL (it ends in /v1), or --model") from None
 
 
 @dataclass(frozen=True, slots=True)

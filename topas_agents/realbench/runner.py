@@ -34,7 +34,7 @@ from typing import Any
 from ..costmodel import Profile, load_profile
 from ..errors import ConfigError
 from ..workflow import TaskPlan, Workflow, load_workflow, parse_workflow
-from .client import Call, TaskResult, agent_prompt, run_tasks, words
+from .client import Call, TaskResult, agent_prompt, first_model_id, run_tasks, words
 from .engine import LaunchedServer, scaled_workflow, start_sglang
 
 WORDS_PER_TOKEN = 1.0  # prompt words per target token without a tokenizer (a word is >= 1 token)
@@ -120,25 +120,11 @@ def summarize(results: Sequence[TaskResult | BaseException], n: int, log: dict[s
                         *((log["decisions"], log["preemptions"], log["errors"]) if log else (None, None, None)))
 
 
-async def _model_id(base_url: str) -> str:
-    """The server's first model id; ConfigError (one line, exit 2) when it cannot be reached or
-    does not answer `/models` like an OpenAI-compatible server, before any task is sent."""
-    import httpx
-
-    try:
-        async with httpx.AsyncClient(timeout=30) as c:
-            return (await c.get(f"{base_url}/models")).json()["data"][0]["id"]
-    except httpx.HTTPError as exc:
-        raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise ConfigError(f"{base_url}/models did not answer with an OpenAI model list") from None
-
-
 def run_once(base_url: str, args: argparse.Namespace, tasks: list[TaskPlan],
              wpt: float) -> list[TaskResult | BaseException]:
     wf = tasks[0].workflow
     plans = [build_calls(t, wpt, args.ignore_eos) for t in tasks]
-    model = args.model or asyncio.run(_model_id(base_url))
+    model = args.model or first_model_id(base_url)
     return asyncio.run(run_tasks(base_url, model, wf, plans, [t.arrival_s for t in tasks],
                                  timeout_s=args.timeout, return_exceptions=True))
 
@@ -168,7 +154,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     real_jcts: dict[str, dict[str, float]] = {}  # policy -> task id -> client JCT
     if args.server:
         url = args.server.rstrip("/")
-        model = asyncio.run(_model_id(url))  # reachable before anything else runs
+        model = first_model_id(url)  # reachable before anything else runs
         args.model = args.model or model
         profile = profile or (_calibrate(url, args.kv_tokens, measured) if args.sim else None)
         results = run_once(url, args, tasks, wpt)
@@ -231,11 +217,9 @@ def _sim_and_fidelity(tasks: list[TaskPlan], policies: Sequence[str], profile: P
 def _calibrate(url: str, kv_tokens: int, measured: dict[str, Any]) -> Profile:
     """Measure the server (topas calibrate) for the simulator's profile; the points go in
     `measured` ((x, seconds) lists: prefill by prompt tokens, decode step by batch, calls)."""
-    import httpx
-
     from ..cli.calibrate import _kv_budget, fit_profile, measure
 
-    model = httpx.get(f"{url}/models", timeout=30).json()["data"][0]["id"]
+    model = first_model_id(url)
     budget = _kv_budget(url, kv_tokens) or kv_tokens
     m = asyncio.run(measure(url, model, budget))
     measured.update(prefill=m.prefill, decode=m.decode, calls=[b._asdict() for b in m.calls])
