@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from topas_agents.labels import BODY_KEY, header_fields
+from topas_agents.server.api_errors import ApiError
 
 from .aggregate import (
     ReplicaAnswer,
@@ -203,9 +204,8 @@ class Front:
         calls = request.query_params.get("calls")
         suffix = "?" + urllib.parse.urlencode({"calls": calls}) if calls is not None else ""
         answers = await self.fan_out(request, "GET", "/v1/topas/stats" + suffix)
-        refused = client_error(answers)  # e.g. ?calls=-1: the replicas' 400, not an empty view
-        if refused is not None:
-            return JSONResponse(refused[1], status_code=refused[0])
+        if (refused := _refused(answers)) is not None:  # e.g. ?calls=-1: their 400, not an empty view
+            return refused
         view = aggregate_stats(answers)
         if request.query_params.get("full") in ("1", "true"):
             view["replica_stats"] = [a.body if a.ok else None for a in answers]
@@ -213,17 +213,15 @@ class Front:
 
     async def metrics(self, request: Request) -> Response:
         answers = await self.fan_out(request, "GET", "/metrics")
-        refused = client_error(answers)
-        if refused is not None:
-            return JSONResponse(refused[1], status_code=refused[0])
+        if (refused := _refused(answers)) is not None:
+            return refused
         text = merge_metrics([a.body if a.ok and isinstance(a.body, str) else None for a in answers])
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def list_workflows(self, request: Request) -> JSONResponse:
         answers = await self.fan_out(request, "GET", "/v1/topas/workflows")
-        refused = client_error(answers)
-        if refused is not None:
-            return JSONResponse(refused[1], status_code=refused[0])
+        if (refused := _refused(answers)) is not None:
+            return refused
         names = sorted({n for a in answers if a.ok and isinstance(a.body, Mapping)
                         for n in a.body.get("workflows", [])})
         return JSONResponse({"workflows": names, "replicas": [
@@ -250,11 +248,16 @@ class Front:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    """An unknown route or a wrong method, answered as the single server answers it: an
-    OpenAI-style body (405 keeps its Allow header)."""
-    kind = {404: "not_found_error"}.get(exc.status_code, "invalid_request_error")
-    return JSONResponse({"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}},
-                        status_code=exc.status_code, headers=exc.headers)
+    """An unknown route or a wrong method, answered as the single server answers it
+    (server/app.py): an OpenAI-style body (405 keeps its Allow header)."""
+    return JSONResponse(ApiError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code,
+                        headers=exc.headers)
+
+
+def _refused(answers: Sequence[ReplicaAnswer]) -> JSONResponse | None:
+    """The replicas' 4xx when every one that answered refused the request (`client_error`)."""
+    refused = client_error(answers)
+    return None if refused is None else JSONResponse(refused[1], status_code=refused[0])
 
 
 def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
