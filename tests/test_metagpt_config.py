@@ -62,6 +62,10 @@ def test_write_config_patches_llm_and_keeps_unrelated_keys(tmp_path):
 def test_bad_inputs_are_one_line_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="base-url"):
         write_config(tmp_path, "127.0.0.1:8000")
+    for model in ("", " qwen", "qwen\n"):  # "" used to fall back to the default silently
+        with pytest.raises(ConfigError, match="--model"):
+            write_config(tmp_path, "http://h/v1", model=model)
+    assert not config_path(tmp_path).exists()  # refused before anything is written
     config_path(tmp_path).parent.mkdir(parents=True)
     config_path(tmp_path).write_text("- a list\n")
     with pytest.raises(ConfigError, match="mapping"):

@@ -91,7 +91,7 @@ def write_config_file(path: Path, base_url: str, model: str | None = None, api_k
     llm["api_type"] = "openai"
     llm["base_url"] = _check_url(base_url)
     if model is not None or "model" not in llm:
-        llm["model"] = model or DEFAULT_MODEL
+        llm["model"] = DEFAULT_MODEL if model is None else _check_model(model)
     if api_key is not None or "api_key" not in llm:
         llm["api_key"] = api_key or DEFAULT_API_KEY
     if new_section:
@@ -99,6 +99,14 @@ def write_config_file(path: Path, base_url: str, model: str | None = None, api_k
     data["llm"] = llm
     _atomic_write(path, yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def _check_model(model: str) -> str:
+    """`model` if a server can match it: an empty name fell back to the default without a word,
+    and spaces or control characters at its ends made every call a 404 at the first request."""
+    if not model or model != model.strip() or not model.isprintable():
+        raise ConfigError(f"--model must be a non-empty printable name without surrounding spaces, got {model!r}")
+    return model
 
 
 def ensure_config(root: str | Path, base_url: str = "http://127.0.0.1:8000/v1") -> Path:
