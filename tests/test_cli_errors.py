@@ -143,6 +143,15 @@ def test_bench_errors_are_one_line(argv, needle, files, capsys):
          "--api-key must be non-empty printable ASCII"),
         (["metagpt", "config", "--base-url", "http://127.0.0.1:9/v1", "--root", "{dir}", "--api-key", "k\u00fc"],
          "--api-key must be non-empty printable ASCII"),
+        # an empty model id fell back to the default without a word; a padded one matched no model
+        (["run", "sop", "--prompt", "x", "--model", ""], "argument --model: expected a non-empty printable name"),
+        (["eval", "softwaredev", "--rate", "0.05", "--model", " m"], "argument --model: expected a non-empty"),
+        (["metagpt", "config", "--base-url", "http://127.0.0.1:9/v1", "--root", "{dir}", "--model", ""],
+         "argument --model: expected a non-empty"),
+        (["calibrate", "--server", "http://127.0.0.1:9/v1", "--out", "p.yaml", "--model", "m\t"],
+         "argument --model: expected a non-empty"),
+        (["bench", "--server", "http://127.0.0.1:9/v1", "--model", ""], "argument --model: expected a non-empty"),
+        (["serve", "--model-name", ""], "argument --model-name: expected a non-empty"),
     ],
 )
 def test_other_errors_are_one_line(argv, needle, files, capsys):

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from topas_agents.cli.args import non_negative_int, positive_float, positive_int
+from topas_agents.cli.args import model_name, non_negative_int, positive_float, positive_int
 from topas_agents.errors import ConfigError
 
 # Simulated seconds per wall second on the embedded server. 50: a SOP task (~200 simulated s
@@ -36,7 +36,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", default=".topas/metagpt",
                    help="MetaGPT root: config, logs and the generated repos, workspace/<project>/ (default "
                    ".topas/metagpt)")
-    p.add_argument("--model", default=None, help="model name sent to the server (default topas-sim)")
+    p.add_argument("--model", type=model_name, default=None, help="model name sent to the server (default topas-sim)")
     p.add_argument("--no-restructure", action="store_true",
                    help="keep MetaGPT's stock prompt layout (static text after the context)")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N",

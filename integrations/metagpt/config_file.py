@@ -14,6 +14,7 @@ home file has no `llm`; `home_overrides` says which written keys the home file w
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from topas_agents.cli.args import model_name
 from topas_agents.errors import ConfigError
 
 DEFAULT_ROOT = Path(".topas/metagpt")
@@ -102,11 +104,11 @@ def write_config_file(path: Path, base_url: str, model: str | None = None, api_k
 
 
 def _check_model(model: str) -> str:
-    """`model` if a server can match it: an empty name fell back to the default without a word,
-    and spaces or control characters at its ends made every call a 404 at the first request."""
-    if not model or model != model.strip() or not model.isprintable():
-        raise ConfigError(f"--model must be a non-empty printable name without surrounding spaces, got {model!r}")
-    return model
+    """`model` if a server can match it (the CLIs' `--model` rule, for callers in code)."""
+    try:
+        return model_name(model)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"--model: {exc}") from None
 
 
 def ensure_config(root: str | Path, base_url: str = "http://127.0.0.1:8000/v1") -> Path:

@@ -55,6 +55,15 @@ def check_api_key(key: str, source: str = "--api-key") -> str:
     return key
 
 
+def model_name(text: str) -> str:
+    """Converter for a model id sent to or reported by a server: an empty one fell back to a
+    default without a word, and one with surrounding spaces or control characters matched no
+    served model (every call a 404)."""
+    if not text or text != text.strip() or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"expected a non-empty printable name without surrounding spaces, got {text!r}")
+    return text
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 from ..costmodel import DEFAULT_PROFILE, Profile, load_profile
 from ..errors import ConfigError
-from .args import check_output, positive_int
+from .args import check_output, model_name, positive_int
 
 WORDS = ("plan", "code", "test", "data", "user", "agent", "task", "value", "queue", "cache")
 PREFILL_WORDS = (32, 128, 512, 1024)  # prompt sizes (words ~ tokens) for the prefill slope
@@ -76,7 +76,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("calibrate", help="measure a live server and write a cost profile YAML",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server", required=True, metavar="URL", help="OpenAI base URL (…/v1)")
-    p.add_argument("--model", default=None, help="model id (default: the server's first /v1/models entry)")
+    p.add_argument("--model", type=model_name, default=None, help="model id (default: the server's first /v1/models entry)")
     p.add_argument("--out", required=True, metavar="PROFILE.yaml")
     p.add_argument("--name", default=None, help="profile name (default: the output file's stem)")
     p.add_argument("--base-profile", default=DEFAULT_PROFILE, help="profile supplying unmeasured fields")

@@ -21,7 +21,7 @@ from typing import Any
 
 from topas_agents.errors import ConfigError
 
-from .args import check_api_key
+from .args import check_api_key, model_name
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c = sub.add_parser("config", help="write/patch <root>/config/config2.yaml")
     c.add_argument("--base-url", required=True, help="OpenAI-compatible base URL (…/v1)")
     c.add_argument("--root", default=".topas/metagpt", help="MetaGPT project root (default .topas/metagpt)")
-    c.add_argument("--model", default=None, help="model name (default: keep, else topas-sim)")
+    c.add_argument("--model", type=model_name, default=None, help="model name (default: keep, else topas-sim)")
     c.add_argument("--api-key", default=None, help="API key (default: keep, else a local placeholder)")
     where = c.add_mutually_exclusive_group()
     where.add_argument("--home", action="store_true",

@@ -12,6 +12,7 @@ import importlib
 import os
 
 from ..errors import ConfigError
+from .args import model_name
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -38,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="register a workflow at start (repeatable)")
     p.add_argument("--responder", default="echo", help="response text: echo | lorem | replay")
     p.add_argument("--replay-file", default=None, help="JSONL of recorded responses for --responder replay")
-    p.add_argument("--model-name", default="topas-sim", help="model id reported by /v1/models")
+    p.add_argument("--model-name", type=model_name, default="topas-sim", help="model id reported by /v1/models")
     p.add_argument("--task-idle-timeout", type=float, default=300.0, metavar="S",
                    help="conclude a task after S wall seconds without calls (0: never)")
     p.add_argument("--drain-timeout", type=float, default=10.0, metavar="S",
