@@ -108,6 +108,12 @@ CASES = [
     # the real-engine bench's own checks were exit 1 without "error: "
     (["--workload", "chain3", "--engine", "sglang"], "--engine sglang needs --model-path DIR"),
     (["--workload", "chain3", "--server", "http://127.0.0.1:9/v1", "--scale", "2"], "need 0 < --scale <= 1"),
+    # read as plain floats/ints: a 0 or NaN timeout, a 0 words-per-token ratio reached the run
+    (["--workload", "chain3", "--server", "http://127.0.0.1:9/v1", "--timeout", "nan"],
+     "argument --timeout: expected a positive number"),
+    (["--workload", "chain3", "--server", "http://127.0.0.1:9/v1", "--words-per-token", "0"],
+     "argument --words-per-token: expected a positive number"),
+    (["--workload", "chain3", "--engine", "sglang", "--kv-tokens", "-5"], "argument --kv-tokens: expected a positive"),
 ]
 
 

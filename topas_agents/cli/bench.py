@@ -31,7 +31,7 @@ from ..bench.protocol import LIMITS, PROTOCOLS, check_range
 from ..costmodel import DEFAULT_PROFILE, load_profile
 from ..errors import ConfigError
 from ..policies import BASELINES, available_policies
-from .args import check_output, model_name, non_negative_int, positive_int, write_json
+from .args import check_output, model_name, non_negative_int, positive_float, positive_int, write_json
 from .bench_modes import check_mode_flags
 
 DEFAULT_POLICIES = ",".join((*BASELINES, "topas"))
@@ -169,11 +169,11 @@ def _add_real_engine_options(p: argparse.ArgumentParser) -> None:
     real.add_argument("--model-path", default=None, metavar="DIR", help="--engine sglang: model directory")
     real.add_argument("--engine-arg", action="append", default=[], metavar="ARG", help="extra SGLang argument")
     real.add_argument("--scale", type=float, default=0.05, help="real engine: prefix/input/output size factor")
-    real.add_argument("--kv-tokens", type=int, default=4096, help="--engine sglang: --max-total-tokens")
+    real.add_argument("--kv-tokens", type=positive_int, default=4096, help="--engine sglang: --max-total-tokens")
     real.add_argument("--ignore-eos", action="store_true", help="real engine: fix lengths with ignore_eos")
     real.add_argument("--model", type=model_name, default=None, help="real engine: model id (default: the server's first)")
-    real.add_argument("--timeout", type=float, default=900.0, help="real engine: per-policy run limit (s)")
-    real.add_argument("--words-per-token", type=float, default=None, help="real engine: prompt words per token")
+    real.add_argument("--timeout", type=positive_float, default=900.0, help="real engine: per-policy run limit (s)")
+    real.add_argument("--words-per-token", type=positive_float, default=None, help="real engine: prompt words per token")
     real.add_argument("--sim", action="store_true", help="real engine: also simulate the same trace per policy")
 
 
