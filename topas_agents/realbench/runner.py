@@ -120,11 +120,10 @@ def summarize(results: Sequence[TaskResult | BaseException], n: int, log: dict[s
                         *((log["decisions"], log["preemptions"], log["errors"]) if log else (None, None, None)))
 
 
-def run_once(base_url: str, args: argparse.Namespace, tasks: list[TaskPlan],
+def run_once(base_url: str, model: str, args: argparse.Namespace, tasks: list[TaskPlan],
              wpt: float) -> list[TaskResult | BaseException]:
     wf = tasks[0].workflow
     plans = [build_calls(t, wpt, args.ignore_eos) for t in tasks]
-    model = args.model or first_model_id(base_url)
     return asyncio.run(run_tasks(base_url, model, wf, plans, [t.arrival_s for t in tasks],
                                  timeout_s=args.timeout, return_exceptions=True))
 
@@ -154,19 +153,21 @@ def run_from_args(args: argparse.Namespace) -> int:
     real_jcts: dict[str, dict[str, float]] = {}  # policy -> task id -> client JCT
     if args.server:
         url = args.server.rstrip("/")
-        model = first_model_id(url)  # reachable before anything else runs
-        args.model = args.model or model
-        profile = profile or (_calibrate(url, args.kv_tokens, measured) if args.sim else None)
-        results = run_once(url, args, tasks, wpt)
+        first = first_model_id(url)  # reachable before anything else runs
+        profile = profile or (_calibrate(url, first, args.kv_tokens, measured) if args.sim else None)
+        results = run_once(url, args.model or first, args, tasks, wpt)
         out["server"] = summarize(results, args.tasks, None)
         # the endpoint schedules with whatever policy it runs: name it with a single --policies
         real_jcts[policies[0] if len(policies) == 1 else "server"] = _jcts(results)
     for policy in policies if args.engine else ():
         server: LaunchedServer = start_sglang(policy, args.model_path, wf, args.kv_tokens, args.engine_arg, 1.0)
         try:
+            first = None  # the server's first model id, asked once per server
             if args.sim and profile is None:
-                profile = _calibrate(server.base_url, args.kv_tokens, measured)
-            results = run_once(server.base_url, args, tasks, wpt)
+                first = first_model_id(server.base_url)
+                profile = _calibrate(server.base_url, first, args.kv_tokens, measured)
+            model = args.model or first or first_model_id(server.base_url)
+            results = run_once(server.base_url, model, args, tasks, wpt)
         finally:
             server.stop()
         out[policy] = summarize(results, args.tasks, server.log_counts())
@@ -214,12 +215,11 @@ def _sim_and_fidelity(tasks: list[TaskPlan], policies: Sequence[str], profile: P
     return {"sim": sim, "profile": dataclasses.asdict(profile), "fidelity": fid}
 
 
-def _calibrate(url: str, kv_tokens: int, measured: dict[str, Any]) -> Profile:
-    """Measure the server (topas calibrate) for the simulator's profile; the points go in
-    `measured` ((x, seconds) lists: prefill by prompt tokens, decode step by batch, calls)."""
+def _calibrate(url: str, model: str, kv_tokens: int, measured: dict[str, Any]) -> Profile:
+    """Measure the server's `model` (topas calibrate) for the simulator's profile; the points go
+    in `measured` ((x, seconds) lists: prefill by prompt tokens, decode step by batch, calls)."""
     from ..cli.calibrate import _kv_budget, fit_profile, measure
 
-    model = first_model_id(url)
     budget = _kv_budget(url, kv_tokens) or kv_tokens
     m = asyncio.run(measure(url, model, budget))
     measured.update(prefill=m.prefill, decode=m.decode, calls=[b._asdict() for b in m.calls])
