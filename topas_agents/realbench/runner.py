@@ -162,11 +162,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     for policy in policies if args.engine else ():
         server: LaunchedServer = start_sglang(policy, args.model_path, wf, args.kv_tokens, args.engine_arg, 1.0)
         try:
-            first = None  # the server's first model id, asked once per server
+            served: str | None = None  # the server's first model id, asked once per server
             if args.sim and profile is None:
-                first = first_model_id(server.base_url)
-                profile = _calibrate(server.base_url, first, args.kv_tokens, measured)
-            model = args.model or first or first_model_id(server.base_url)
+                served = first_model_id(server.base_url)
+                profile = _calibrate(server.base_url, served, args.kv_tokens, measured)
+            model = args.model or served or first_model_id(server.base_url)
             results = run_once(server.base_url, model, args, tasks, wpt)
         finally:
             server.stop()
