@@ -9,8 +9,9 @@ LangChain/LangGraph, AutoGen, CrewAI (LiteLLM) and others build their own `opena
 * `add_label_headers` / `aadd_label_headers`: httpx request event hooks, headers only (for
   code that must keep its own transport).
 
-A label already on the request wins (headers are only added when absent; a body that has a
-`topas` field keeps it), so this composes with `labelled(...)` and with per-call labels.
+A label already on the request wins, whole: a request that carries a `topas` body field or any
+X-Topas-* label header gets nothing of the label in force (hooks: no header of it), so this
+composes with `labelled(...)` and with per-call labels.
 Unlabelled requests are sent unchanged. Recipes: docs/integrations.md ("Other frameworks").
 
     http = labelled_http_client()                   # httpx.Client(transport=LabelTransport())
@@ -28,23 +29,31 @@ from typing import Any
 
 import httpx
 
-from topas_agents.labels import BODY_KEY, Label, current_label
+from topas_agents.labels import BODY_KEY, Label, carries_label, current_label
 
 
 def _with_headers(headers: httpx.Headers, lab: Label) -> httpx.Headers:
-    """`headers` plus the label's X-Topas-* headers that are not there yet, values as UTF-8
-    bytes: `headers[key] = value` encodes with the encoding httpx detected for the request's
-    headers, ASCII in practice, so a task id like "café" raised UnicodeEncodeError. Servers
-    decode them back (`topas_agents.labels.header_text`)."""
-    added = [(key.encode("ascii"), value.encode("utf-8")) for key, value in lab.to_headers().items()
-             if key not in headers]  # httpx.Headers is case-insensitive
-    return httpx.Headers([*headers.raw, *added]) if added else headers
+    """`headers` plus the label's X-Topas-* headers, values as UTF-8 bytes: `headers[key] =
+    value` encodes with the encoding httpx detected for the request's headers, ASCII in
+    practice, so a task id like "café" raised UnicodeEncodeError. Servers decode them back
+    (`topas_agents.labels.header_text`)."""
+    added = [(key.encode("ascii"), value.encode("utf-8")) for key, value in lab.to_headers().items()]
+    return httpx.Headers([*headers.raw, *added])
+
+
+def _body_of(request: httpx.Request) -> dict[str, Any] | None:
+    try:
+        content = request.content
+    except httpx.RequestNotRead:  # a streaming body: headers only
+        return None
+    return _json_object(content, request.headers)
 
 
 def add_label_headers(request: httpx.Request) -> None:
-    """httpx request event hook (sync clients): add the label in force as headers."""
+    """httpx request event hook (sync clients): add the label in force as headers, unless the
+    request is labelled already."""
     lab = current_label()
-    if lab is not None:
+    if lab is not None and not carries_label(_body_of(request), request.headers.keys()):
         request.headers = _with_headers(request.headers, lab)
 
 
@@ -53,36 +62,33 @@ async def aadd_label_headers(request: httpx.Request) -> None:
     add_label_headers(request)
 
 
-def _labelled_body(content: bytes, headers: httpx.Headers, lab: Label) -> bytes | None:
-    """The JSON body with `topas` added, or None when it is not a JSON object without one."""
+def _json_object(content: bytes, headers: httpx.Headers) -> dict[str, Any] | None:
+    """The request's JSON object body, or None when it has none."""
     if not content or "json" not in headers.get("content-type", ""):
         return None
     try:
         body = json.loads(content)
     except (UnicodeDecodeError, ValueError):
         return None
-    if not isinstance(body, dict) or body.get(BODY_KEY) is not None:
-        return None
-    body[BODY_KEY] = lab.to_body()
-    return json.dumps(body).encode()
+    return body if isinstance(body, dict) else None
 
 
 def label_request(request: httpx.Request, lab: Label | None) -> httpx.Request:
-    """`request` with `lab` added to its headers and JSON body (the same request if None).
+    """`request` with `lab` added to its headers and JSON body (the same request if None, or
+    if the caller labelled it already: body or headers, the caller's label is kept whole).
     The body must be readable (httpx reads non-streaming bodies when it builds them)."""
     if lab is None:
         return request
+    body = _body_of(request)
+    if carries_label(body, request.headers.keys()):
+        return request
     headers = _with_headers(httpx.Headers(request.headers), lab)
-    try:
-        content = request.content
-    except httpx.RequestNotRead:  # a streaming body: headers only
-        content = b""
-    new_body = _labelled_body(content, headers, lab)
-    if new_body is None:
+    if body is None:
         request.headers = headers
         return request
+    body[BODY_KEY] = lab.to_body()
     headers.pop("content-length", None)  # recomputed from the new content
-    return httpx.Request(request.method, request.url, headers=headers, content=new_body,
+    return httpx.Request(request.method, request.url, headers=headers, content=json.dumps(body).encode(),
                          extensions=request.extensions)
 
 

@@ -10,7 +10,8 @@
 
 The label in force (`topas_agents.label`, contextvars) is added to `extra_body["topas"]` and
 as `X-Topas-*` `extra_headers` (headers only when every field is ASCII: the body carries the
-rest); caller dicts are copied, never mutated. Calls are retried
+rest); caller dicts are copied, never mutated. A call that carries its own label (`extra_body`'s
+`topas`, or any X-Topas-* label header) keeps it whole and gets nothing of the one in force. Calls are retried
 with tenacity on connection errors, timeouts and 5xx answers, never on 4xx; a stream that
 breaks mid-way is re-issued once and resumed (`topas_agents.cluster.stream_retry`). The inner
 client's own retries are switched off (`with_options(max_retries=0)`) so there is exactly one
@@ -34,7 +35,7 @@ from tenacity import (
 )
 
 from topas_agents.cluster.stream_retry import AsyncResumingStream, ResumingStream
-from topas_agents.labels import BODY_KEY, Label, current_label
+from topas_agents.labels import BODY_KEY, Label, carries_label, current_label
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,20 +57,17 @@ def is_retryable(exc: BaseException) -> bool:
 def with_label(kwargs: Mapping[str, Any], lab: Label | None) -> dict[str, Any]:
     """A copy of `kwargs` whose extra_body/extra_headers carry `lab` (caller dicts untouched)."""
     out = dict(kwargs)
-    if lab is None:
-        return out
+    if lab is None or carries_label(out.get("extra_body"), out.get("extra_headers") or ()):
+        return out  # an explicit per-call label wins, whole (body or headers)
     body = dict(out.get("extra_body") or {})
-    body.setdefault(BODY_KEY, lab.to_body())  # an explicit per-call label wins
+    body[BODY_KEY] = lab.to_body()
     out["extra_body"] = body
     if not lab.ascii:
         # The openai client builds its httpx headers at once, and httpx encodes those as ASCII:
         # a task id like "café" raised UnicodeEncodeError on every call. The body label above
         # carries it (every Topas server reads the body first).
         return out
-    headers = dict(out.get("extra_headers") or {})
-    for key, value in lab.to_headers().items():
-        headers.setdefault(key, value)
-    out["extra_headers"] = headers
+    out["extra_headers"] = {**(out.get("extra_headers") or {}), **lab.to_headers()}
     return out
 
 

@@ -95,6 +95,34 @@ def test_explicit_label_on_the_request_wins(server):
     assert _calls(server, "mine-1") and not _calls(server, "ctx-1")
 
 
+def test_explicit_header_label_wins_over_the_label_in_force(server):
+    # before: the transport added the context label to the body, which the server reads
+    # first, so the caller's own X-Topas-* headers were thrown away
+    http = hl.labelled_http_client(timeout=30)
+    headers = {"x-topas-task-id": "hdr-1", "X-Topas-Stage": "s", "X-TOPAS-AGENT": "a"}
+    with label(task_id="ctx-2", stage="plan", agent="planner"):
+        rsp = http.post(f"{server.url}/chat/completions", headers=headers,
+                        json={"model": "m", "messages": MSG, "max_tokens": 8})
+    assert rsp.status_code == 200
+    [call] = _calls(server, "hdr-1")
+    assert call["label_source"] == "headers" and not _calls(server, "ctx-2")
+
+
+def test_hook_adds_nothing_to_a_labelled_request():
+    lab = hl.Label("ctx", "s", "a")
+    with label(task_id="ctx", stage="s", agent="a"):
+        body_labelled = httpx.Request("POST", "http://x/v1/chat/completions",
+                                      json={"topas": {"task_id": "mine", "stage": "s", "agent": "a"}})
+        hl.add_label_headers(body_labelled)
+        header_labelled = httpx.Request("POST", "http://x/v1/chat/completions", json={},
+                                        headers={"X-Topas-Task-Id": "mine"})
+        hl.add_label_headers(header_labelled)
+    assert not any(k.lower().startswith("x-topas") for k in body_labelled.headers)
+    assert header_labelled.headers.get_list("x-topas-task-id") == ["mine"]
+    assert "x-topas-stage" not in header_labelled.headers
+    assert hl.label_request(header_labelled, lab) is header_labelled
+
+
 def test_composes_with_labelled_wrapper_without_conflict(server):
     http = hl.labelled_http_client(timeout=30)
     client = labelled(openai.OpenAI(base_url=server.url, api_key="x", http_client=http))

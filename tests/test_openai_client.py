@@ -120,6 +120,24 @@ def test_explicit_per_call_label_wins():
     assert out["extra_body"]["topas"]["task_id"] == "mine"
 
 
+def test_explicit_per_call_header_label_wins_whole():
+    # before: the context label went into the body (which servers read first), so an explicit
+    # header label lost; and a lower-case header name got a second, context value merged in
+    explicit = {"x-topas-task-id": "mine", "x-topas-stage": "x", "x-topas-agent": "y"}
+    with label(task_id="t", stage="s", agent="a") as current:
+        out = with_label({"extra_headers": explicit}, current)
+    assert out["extra_headers"] == explicit and "extra_body" not in out
+
+
+def test_explicit_header_label_reaches_the_server(server):
+    url, rec = server
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    with label(task_id="ctx", stage="s", agent="a"):
+        client.completions.create(model="m", prompt="hi", extra_headers={"X-Topas-Task-Id": "mine"})
+    headers, body = rec.requests[-1]
+    assert "topas" not in body and headers["x-topas-task-id"] == "mine" and "x-topas-stage" not in headers
+
+
 def test_retries_5xx_then_succeeds(server):
     url, rec = server
     rec.statuses = [503, 500]

@@ -16,7 +16,7 @@ import contextlib
 import contextvars
 import re
 import reprlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Any
@@ -152,6 +152,19 @@ def header_fields(headers: Mapping[str, str]) -> dict[str, str]:
     them (`header_text`), not yet validated."""
     lowered = {k.lower(): v for k, v in headers.items()}
     return {field: header_text(lowered[h.lower()]) for field, h in HEADERS.items() if h.lower() in lowered}
+
+
+def carries_label(body: Mapping[str, Any] | None, header_names: Iterable[str]) -> bool:
+    """The caller already labelled the request: a non-null body `topas` field, or any X-Topas-*
+    label header (names compared case-insensitively, as HTTP does). Client wrappers then add
+    nothing of the label in force: a label is taken whole, never merged with another (the
+    server reads the body first, so a context body label would override an explicit header one)."""
+    if body is not None and body.get(BODY_KEY) is not None:
+        return True
+    return any(name.lower() in _LABEL_HEADERS for name in header_names)
+
+
+_LABEL_HEADERS = frozenset(h.lower() for h in HEADERS.values())
 
 
 def label_from_headers(headers: Mapping[str, str]) -> Label | None:
