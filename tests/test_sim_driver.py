@@ -160,3 +160,45 @@ def test_concurrent_calls_queue_for_the_one_front_end() -> None:
     # FIFO: the i-th call leaves the front-end after (i + 1) overheads; model time is < 1 s here
     assert all(5.0 * (i + 1) <= j < 5.0 * (i + 1) + 1.0 for i, j in enumerate(jcts))
     assert max(t.jct_s for t in model.tasks) < 1.0
+
+
+@pytest.mark.parametrize("arrival", [float("nan"), float("inf"), -5.0, "1.0", True, None])
+def test_a_task_arrival_must_be_a_finite_time_from_zero(arrival) -> None:
+    # before: a NaN arrival hung simulate() for ever, inf gave a NaN JCT, -5 s counted 5 s
+    # before the clock starts as JCT
+    import random
+
+    from topas_agents.workflow import sample_task
+    with pytest.raises(ConfigError, match="arrival time"):
+        sample_task(DAG4, "t", arrival, random.Random(0))
+
+
+@pytest.mark.parametrize("task_id", ["", None, 7])
+def test_a_task_id_must_be_a_non_empty_string(task_id) -> None:
+    import random
+
+    from topas_agents.workflow import sample_task
+    with pytest.raises(ConfigError, match="task id"):
+        sample_task(DAG4, task_id, 0.0, random.Random(0))
+
+
+def test_simulate_accepts_a_generator_trace() -> None:
+    # before: the generator was spent collecting workflows, and the run reported 0 tasks
+    trace = make_trace(DAG4, 3, 0.5, seed=0)
+    run = simulate((tp for tp in trace), make_policy("fcfs"), PROFILE)
+    assert len(run.tasks) == 3
+    assert run.mean_jct == simulate(trace, make_policy("fcfs"), PROFILE).mean_jct
+
+
+def test_simulate_refuses_two_workflows_of_one_name() -> None:
+    other = parse_workflow({"name": "dag4", "agents": [{"name": "x", "prefix_tokens": 64}],
+                            "stages": [{"name": "s", "agent": "x", "input_tokens": 8, "output_tokens": 8}]})
+    trace = make_trace(DAG4, 2, 0.5, seed=0) + make_trace(other, 2, 0.5, seed=1)
+    with pytest.raises(ConfigError, match="two different workflows are named 'dag4'"):
+        simulate(trace, make_policy("fcfs"), PROFILE)
+    # the same definition loaded twice is one workflow
+    import random
+
+    from topas_agents.workflow import sample_task
+    twice = make_trace(DAG4, 2, 0.5, seed=0) + (sample_task(load_workflow("dag4"), "again", 1.0, random.Random(1)),)
+    assert len(simulate(twice, make_policy("fcfs"), PROFILE).tasks) == 3

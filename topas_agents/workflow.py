@@ -16,12 +16,13 @@ input/output sizes are sampled independently from the task's seeded RNG.
 """
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import WorkflowError
+from .errors import ConfigError, WorkflowError
 from .workflow_model import AgentSpec, IntRange, StageSpec, Workflow
 from .workflow_parse import (
     DEFAULT_LIMITS,
@@ -86,6 +87,15 @@ class TaskPlan:
     workflow: Workflow
     arrival_s: float
     rounds: Mapping[str, tuple[RoundPlan, ...]]
+
+    def __post_init__(self) -> None:
+        # A NaN arrival hung the simulator (its event heap never advanced past it), and a
+        # negative one counted time before the clock starts as JCT: refuse both at the source.
+        if not isinstance(self.task_id, str) or not self.task_id:
+            raise ConfigError(f"task id must be a non-empty string, got {self.task_id!r}")
+        arrival = self.arrival_s
+        if isinstance(arrival, bool) or not isinstance(arrival, int | float) or not 0.0 <= arrival < math.inf:
+            raise ConfigError(f"task {self.task_id!r}: arrival time must be a finite number >= 0 s, got {arrival!r}")
 
 
 def sample_task(wf: Workflow, task_id: str, arrival_s: float, rng: random.Random) -> TaskPlan:

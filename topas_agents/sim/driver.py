@@ -146,9 +146,13 @@ def simulate(trace: Sequence[TaskPlan], policy: Policy, profile: Profile, *, kv_
              recorder: TimelineRecorder | None = None) -> RunResult:
     """Run `trace` to completion on a fresh SimEngine under `policy` (`recorder`: record
     request timelines, see sim/record.py; off by default)."""
+    trace = tuple(trace)  # a generator would be spent by the loop below (a silent empty run)
     workflows: dict[str, Workflow] = {}
     for tp in trace:
-        workflows.setdefault(tp.workflow.name, tp.workflow)
+        known = workflows.setdefault(tp.workflow.name, tp.workflow)
+        if known is not tp.workflow and (known.agents, known.stages) != (tp.workflow.agents, tp.workflow.stages):
+            # the engine and the policy would see the first definition, the driver run the other
+            raise ConfigError(f"two different workflows are named {tp.workflow.name!r} in one trace")
     engine = SimEngine(profile, policy, kv_budget=kv_budget, host_tier=host_tier, workflows=workflows,
                        check=check, recorder=recorder)
     driver = _Driver(engine, trace, progress)

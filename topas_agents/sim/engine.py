@@ -166,6 +166,8 @@ class SimEngine:
 
     def call_at(self, t: float, fn: Callable[[], None]) -> None:
         """Run `fn` at time `t` (clamped to now) in the engine's event order."""
+        if not math.isfinite(t):  # a NaN time never leaves the heap: the run would spin for ever
+            raise ValueError(f"event time must be finite, got {t!r}")
         t = max(t, self.now)
         self._heap.push(t, CALLBACK, fn)
         self._gpu.interrupt(t)
