@@ -31,6 +31,24 @@ def test_options_are_validated_and_split():
         make_policy("topas", {"bogus": "1"})
 
 
+@pytest.mark.parametrize(("option", "value", "match"), [
+    # before: each was accepted and crashed a run at its first forecast with a bare
+    # ValueError/OverflowError, or was silently truncated (8.9 -> 8)
+    ("forecast_spread", float("nan"), "forecast option 'spread'"),
+    ("forecast_spread", -5, "spread must be a finite number >= 0"),
+    ("forecast_growth", float("nan"), "forecast option 'growth'"),
+    ("forecast_growth", float("inf"), "forecast option 'growth'"),
+    ("forecast_candidates", "", "at least one policy"),
+    ("forecast_first", 8.9, "forecast option 'first'"),
+    ("forecast_first", True, "forecast option 'first'"),
+    ("forecast_seeds", "1,2.5", "forecast option 'seeds'"),
+    ("forecast_tasks", 10**9, "tasks must be <= 10000"),
+])
+def test_forecast_options_are_refused_at_construction(option, value, match):
+    with pytest.raises(ConfigError, match=match):
+        make_policy("topas", {option: value})
+
+
 def test_core_option_picks_the_guarded_core():
     """`core` chooses which Topas the guard runs and forecasts; its own options reach it."""
     full = make_policy("topas", {"core": "topas-paper-full", "forecast_first": "4", "beta": "0.5"})

@@ -26,6 +26,7 @@ decision after it is ready.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import weakref
 from collections import deque
@@ -131,10 +132,16 @@ class ForecastConfig:
             raise ConfigError(f"forecast first must be >= 3 arrivals, got {self.first}")
         if self.early and self.early < 3:
             raise ConfigError(f"forecast early must be 0 (off) or >= 3 arrivals, got {self.early}")
-        if self.growth <= 1.0:
-            raise ConfigError(f"forecast growth must be > 1, got {self.growth}")
+        if not 1.0 < self.growth < math.inf:
+            raise ConfigError(f"forecast growth must be a finite number > 1, got {self.growth}")
+        if not 0.0 <= self.spread < math.inf:
+            raise ConfigError(f"forecast spread must be a finite number >= 0, got {self.spread}")
         if self.window < 3 or self.tasks < 2 or not self.seeds:
             raise ConfigError("forecast window >= 3, tasks >= 2 and at least one seed are required")
+        if self.tasks > MAX_FORECAST_TASKS:
+            raise ConfigError(f"forecast tasks must be <= {MAX_FORECAST_TASKS}, got {self.tasks}")
+        if not self.candidates:
+            raise ConfigError("forecast candidates: at least one policy is required")
         if self.mode not in ("inline", "background"):
             raise ConfigError(f"forecast mode must be inline or background, got {self.mode!r}")
         if self.score not in ("combined", "regret"):
@@ -145,6 +152,10 @@ class ForecastConfig:
             if not 0.0 <= value < 1.0:
                 raise ConfigError(f"forecast {name} must be in [0, 1), got {value}")
 
+
+# ForecastConfig.tasks: each forecast simulates (candidates + 1) x seeds traces of this many
+# tasks; 10k tasks already take minutes of CPU per trace, beyond which a forecast never lands.
+MAX_FORECAST_TASKS = 10_000
 
 # Seconds close() waits for the forecast worker to exit after SIGTERM (it exits in well under
 # a second; the bound keeps an engine's shutdown bounded whatever happens).
@@ -333,11 +344,29 @@ def make_topas_guard(**options: Any) -> ForecastGuard:
 
 
 def _convert(field_name: str, value: Any) -> Any:
+    """A forecast option's value as its field's type: integers must be integral (8.9 is not 8),
+    floats finite, bools are neither, and list items follow the same rules."""
     default = getattr(ForecastConfig(), field_name)
     try:
         if isinstance(default, tuple):
             items = value.split(",") if isinstance(value, str) else list(value)
-            return tuple(type(default[0])(x) for x in items if str(x).strip())
-        return type(default)(value)
-    except (TypeError, ValueError):
+            return tuple(_scalar(type(default[0]), x) for x in items if str(x).strip())
+        return _scalar(type(default), value)
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"bad value for forecast option '{field_name}': {value!r}") from None
+
+
+def _scalar(kind: type, value: Any) -> Any:
+    if isinstance(value, bool) and kind is not str:
+        raise ValueError
+    if kind is int:
+        number = float(value) if isinstance(value, str) else value
+        if not isinstance(number, int | float) or number != int(number):
+            raise ValueError
+        return int(number)
+    if kind is float:
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError
+        return number
+    return kind(value).strip() if kind is str else kind(value)
