@@ -75,11 +75,25 @@ class _Endpoint:
     """Wraps one `create` endpoint (chat.completions or completions)."""
 
     def __init__(self, target: Any, retry: RetryConfig, is_async: bool,
-                 label_fn: Callable[[], Label | None]) -> None:
+                 label_fn: Callable[[], Label | None], resume_streams: bool = True) -> None:
         self._target = target
         self._retry = retry
         self._async = is_async
         self._label_fn = label_fn
+        self._resume = resume_streams
+
+    @property
+    def with_raw_response(self) -> _Endpoint:
+        """openai's raw-response variant, labelled and retried like `create` (a raw stream is
+        the caller's to read, so it is not resumed). Forwarded bare, its calls went unlabelled."""
+        return _Endpoint(self._target.with_raw_response, self._retry, self._async, self._label_fn,
+                         resume_streams=False)
+
+    @property
+    def with_streaming_response(self) -> _LabelledOnly:
+        """openai's streaming-response variant (a context manager), labelled; not retried:
+        the response is opened by the caller's `with`, after this call returns."""
+        return _LabelledOnly(self._target.with_streaming_response, self._label_fn)
 
     def _retrying_kwargs(self) -> dict[str, Any]:
         r = self._retry
@@ -95,7 +109,7 @@ class _Endpoint:
         if self._async:
             return self._acreate(call_kwargs)
         result = self._create_once(call_kwargs)
-        if call_kwargs.get("stream"):
+        if call_kwargs.get("stream") and self._resume:
             # A stream cut mid-way (a replica died behind the gateway: no [DONE], or an error
             # event) is re-issued once, with the same label, and resumed after what was delivered.
             return ResumingStream(result, lambda: self._create_once(call_kwargs))
@@ -109,7 +123,7 @@ class _Endpoint:
 
     async def _acreate(self, call_kwargs: dict[str, Any]) -> Any:
         result = await self._acreate_once(call_kwargs)
-        if call_kwargs.get("stream"):
+        if call_kwargs.get("stream") and self._resume:
             return AsyncResumingStream(result, lambda: self._acreate_once(call_kwargs))
         return result
 
@@ -118,6 +132,20 @@ class _Endpoint:
             with attempt:
                 return await self._target.create(**call_kwargs)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+class _LabelledOnly:
+    """A `create` endpoint whose calls get the label in force, and nothing else."""
+
+    def __init__(self, target: Any, label_fn: Callable[[], Label | None]) -> None:
+        self._target = target
+        self._label_fn = label_fn
+
+    def create(self, **kwargs: Any) -> Any:
+        return self._target.create(**with_label(kwargs, self._label_fn()))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._target, name)
@@ -139,8 +167,17 @@ class LabelledClient:
         retry = retry or RetryConfig()
         inner = client.with_options(max_retries=0)
         self._client = client
+        self._retry = retry
+        self._label_fn = label_fn
         self.chat = _Namespace(completions=_Endpoint(inner.chat.completions, retry, is_async, label_fn))
         self.completions = _Endpoint(inner.completions, retry, is_async, label_fn)
+
+    def with_options(self, **options: Any) -> LabelledClient:
+        """`client.with_options(...)`, still labelled (forwarded bare, it returned the plain
+        client, whose calls went unlabelled)."""
+        return LabelledClient(self._client.with_options(**options), self._retry, self._label_fn)
+
+    copy = with_options  # openai's alias
 
     @property
     def raw(self) -> Any:

@@ -138,6 +138,30 @@ def test_explicit_header_label_reaches_the_server(server):
     assert "topas" not in body and headers["x-topas-task-id"] == "mine" and "x-topas-stage" not in headers
 
 
+def test_with_options_and_response_variants_stay_labelled(server):
+    # before: with_options() returned the plain client and with_raw_response /
+    # with_streaming_response reached the unwrapped endpoint: all three went out unlabelled
+    url, rec = server
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    with label(task_id="t-var", stage="s", agent="a"):
+        client.with_options(timeout=5).chat.completions.create(model="m", messages=MSG)
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=MSG)
+        with client.chat.completions.with_streaming_response.create(model="m", messages=MSG) as rsp:
+            rsp.read()
+        client.completions.with_raw_response.create(model="m", prompt="hi")
+    assert raw.parse().choices[0].message.content == "ok"
+    assert [(h["x-topas-task-id"], b["topas"]["task_id"]) for h, b in rec.requests] == [("t-var", "t-var")] * 4
+
+
+def test_raw_response_variant_is_retried(server):
+    url, rec = server
+    rec.statuses = [503]
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    with label(task_id="t-raw", stage="s", agent="a"):
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=MSG)
+    assert raw.status_code == 200 and len(rec.requests) == 2
+
+
 def test_retries_5xx_then_succeeds(server):
     url, rec = server
     rec.statuses = [503, 500]
