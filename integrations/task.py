@@ -114,7 +114,10 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
         if base_url is not None and client is not None:
             raise ConfigError("task(): give base_url or client, not both")
         url = base_url if client is None else base_url_of(client)
-        self.handle = TaskHandle(task_id or new_task_id(), url if close else None, workflow)
+        if url is not None and not isinstance(url, str):  # it failed in __exit__, masking the block's error
+            raise ConfigError(f"task(): base_url must be a string, got {type(url).__name__}")
+        # only None means "make one up": an empty id is refused on entry, like any other bad id
+        self.handle = TaskHandle(new_task_id() if task_id is None else task_id, url if close else None, workflow)
         self._scope: contextlib.AbstractContextManager[Any] | None = None
 
     def _enter(self) -> TaskHandle:

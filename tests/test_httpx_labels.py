@@ -260,3 +260,14 @@ def test_task_done_on_an_unreachable_server_only_warns(caplog):
 def test_task_needs_one_place_to_send_done():
     with pytest.raises(ConfigError):
         task(base_url="http://h/v1", client=openai.OpenAI(base_url="http://h/v1", api_key="x"))
+
+
+def test_task_refuses_an_empty_id_and_a_non_string_url():
+    # before: task(task_id="") made up a random id, and base_url=5 entered fine and then
+    # raised AttributeError from __exit__, masking the block's own outcome
+    from topas_agents.errors import LabelError
+    with pytest.raises(LabelError, match="must not be empty"), task(task_id=""):
+        pass
+    with pytest.raises(ConfigError, match="base_url must be a string"):
+        task("t", base_url=5)
+    assert task().handle.task_id.startswith("task-")  # None still means a fresh id

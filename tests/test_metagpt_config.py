@@ -75,6 +75,29 @@ def test_bad_inputs_are_one_line_config_errors(tmp_path):
         write_config(tmp_path, "http://h/v1")
 
 
+@pytest.mark.parametrize(("kwargs", "match"), [
+    # before: "http://" was written as "http:", a URL with spaces as is, an int URL raised
+    # AttributeError, and api_key "" was swapped for the default placeholder
+    ({"base_url": "http://"}, "must name a host"),
+    ({"base_url": "http://a b/v1 "}, "without spaces"),
+    ({"base_url": 5}, "must be a string"),
+    ({"base_url": "http://h/v1", "api_key": ""}, "--api-key"),
+    ({"base_url": "http://h/v1", "api_key": "k\nX-Evil: 1"}, "--api-key"),
+    ({"base_url": "http://h/v1", "api_key": 5}, "--api-key must be a string"),
+    ({"base_url": "http://h/v1", "model": 5}, "--model must be a string"),
+])
+def test_write_config_refuses_what_would_fail_at_every_call(tmp_path, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        write_config(tmp_path, **kwargs)
+    assert not config_path(tmp_path).exists()
+
+
+def test_write_config_keeps_a_given_key_and_strips_only_trailing_slashes(tmp_path):
+    write_config(tmp_path, "https://h:8000/v1//", api_key="sk-mine")
+    llm = read_config(tmp_path)["llm"]
+    assert (llm["base_url"], llm["api_key"]) == ("https://h:8000/v1", "sk-mine")
+
+
 def test_ensure_config_writes_only_when_there_is_no_llm_section(tmp_path):
     ensure_config(tmp_path, "http://a/v1")
     ensure_config(tmp_path, "http://b/v1")

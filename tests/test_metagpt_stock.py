@@ -52,6 +52,34 @@ def test_names_from_classes(mg):
         "write_prd", "qa_engineer", "write_code", "product_manager"]
 
 
+@pytest.mark.parametrize(("kwargs", "match"), [
+    # before: each was accepted and failed only at Team.run or at the task-done call
+    ({"base_url": "localhost:8000"}, "http:// or https://"),
+    ({"base_url": 5}, "must be a string"),
+    ({"workflow": ""}, "'workflow': must not be empty"),
+    ({"workflow": 3}, "'workflow': must be a string"),
+    ({"task_prefix": "a\nb"}, "control character"),
+    ({"model": " m"}, "--model"),
+    ({"names": {"agents": {}}}, "must be a StockNames"),
+])
+def test_enable_checks_its_arguments_first(mg, kwargs, match):
+    _, stock, _ = mg
+    with pytest.raises(stock.ConfigError, match=match):
+        stock.enable(**kwargs)
+    assert not stock._ACTIVE  # nothing was installed
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"agents": {"ProductManager": "Product Manager\n"}}, r"agents\['ProductManager'\].*control character"),
+    ({"stages": {"PrepareDocuments": 5}}, r"stages\['PrepareDocuments'\].*must be a string"),
+    ({"agents": [("A", "a")]}, "must be a mapping"),
+])
+def test_stock_names_are_label_text(mg, kwargs, match):
+    _, stock, _ = mg
+    with pytest.raises(stock.ConfigError, match=match):
+        stock.StockNames(**kwargs)
+
+
 def test_enable_is_reversible_and_exclusive(mg):
     _, stock, _ = mg
     from metagpt.configs.llm_config import LLMConfig, LLMType

@@ -89,6 +89,15 @@ def _text(data: Mapping[str, Any], key: str, required: bool) -> str | None:
     return value
 
 
+def check_label_text(field: str, value: Any) -> str:
+    """`value` if it can be the label field `field` (a non-empty string that can travel in a
+    header: no control characters, no surrounding spaces, at most 256 characters);
+    LabelError naming the field otherwise. For names that code hands to label builders."""
+    checked = _text({field: value}, field, True)
+    assert checked is not None  # required: None raised
+    return checked
+
+
 def text_problem(value: str) -> str | None:
     """Why `value` cannot be a label's text (nor a workflow, agent or stage name, which labels
     name), or None. Lone surrogates are not Unicode. Control characters and whitespace at

@@ -19,10 +19,11 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
-from topas_agents.cli.args import model_name
+from topas_agents.cli.args import check_api_key, model_name
 from topas_agents.errors import ConfigError
 
 DEFAULT_ROOT = Path(".topas/metagpt")
@@ -67,9 +68,17 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _check_url(base_url: str) -> str:
-    if not base_url.startswith(("http://", "https://")):
-        raise ConfigError(f"--base-url must start with http:// or https://, got {base_url!r}")
+def check_base_url(base_url: Any, source: str = "--base-url") -> str:
+    """`base_url` without trailing slashes if it is an http(s) URL with a host and no spaces
+    or control characters; ConfigError otherwise (written as is, such a URL failed at every
+    call; `rstrip("/")` alone turned "http://" into "http:")."""
+    if not isinstance(base_url, str):
+        raise ConfigError(f"{source} must be a string, got {type(base_url).__name__}")
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"{source} must start with http:// or https://, got {base_url!r}")
+    if not parts.hostname or not base_url.isprintable() or any(c.isspace() for c in base_url):
+        raise ConfigError(f"{source} must name a host, without spaces or control characters, got {base_url!r}")
     return base_url.rstrip("/")
 
 
@@ -91,11 +100,12 @@ def write_config_file(path: Path, base_url: str, model: str | None = None, api_k
     new_section = llm is None
     llm = dict(llm or {})
     llm["api_type"] = "openai"
-    llm["base_url"] = _check_url(base_url)
+    llm["base_url"] = check_base_url(base_url)
     if model is not None or "model" not in llm:
-        llm["model"] = DEFAULT_MODEL if model is None else _check_model(model)
+        llm["model"] = DEFAULT_MODEL if model is None else check_model(model)
     if api_key is not None or "api_key" not in llm:
-        llm["api_key"] = api_key or DEFAULT_API_KEY
+        # an explicit key is checked, not swapped for the default (an empty one was)
+        llm["api_key"] = DEFAULT_API_KEY if api_key is None else check_key(api_key)
     if new_section:
         llm["stream"] = False
     data["llm"] = llm
@@ -103,12 +113,21 @@ def write_config_file(path: Path, base_url: str, model: str | None = None, api_k
     return path
 
 
-def _check_model(model: str) -> str:
+def check_model(model: Any) -> str:
     """`model` if a server can match it (the CLIs' `--model` rule, for callers in code)."""
+    if not isinstance(model, str):
+        raise ConfigError(f"--model must be a string, got {type(model).__name__}")
     try:
         return model_name(model)
     except argparse.ArgumentTypeError as exc:
         raise ConfigError(f"--model: {exc}") from None
+
+
+def check_key(api_key: Any) -> str:
+    """`api_key` if an Authorization header can carry it (the server's --api-key rule)."""
+    if not isinstance(api_key, str):
+        raise ConfigError(f"--api-key must be a string, got {type(api_key).__name__}")
+    return check_api_key(api_key)
 
 
 def ensure_config(root: str | Path, base_url: str = "http://127.0.0.1:8000/v1") -> Path:

@@ -46,10 +46,11 @@ from metagpt.configs.llm_config import LLMConfig, LLMType
 from metagpt.roles.role import Role
 from metagpt.team import Team
 
-from topas_agents.errors import ConfigError
+from topas_agents.errors import ConfigError, LabelError
 from topas_agents.integrations.task import aclose_task, fields_in_force, new_task_id
-from topas_agents.labels import Label, current_label, label
+from topas_agents.labels import Label, check_label_text, current_label, label, label_from_mapping
 
+from .config_file import check_base_url, check_key, check_model
 from .provider import ProviderOptions, TopasOpenAILLM, register_llm
 
 if TYPE_CHECKING:
@@ -74,6 +75,18 @@ class StockNames:
 
     stages: Mapping[str, str] = field(default_factory=lambda: STAGE_ALIASES)
     agents: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Checked here, not at a role's first call: an int stage was refused by the server
+        # only mid-run, and a newline in an agent name broke the call's headers.
+        for kind, field_name, names in (("stages", "stage", self.stages), ("agents", "agent", self.agents)):
+            if not isinstance(names, Mapping):
+                raise ConfigError(f"StockNames.{kind} must be a mapping of class name -> name, got {type(names).__name__}")
+            for cls, name in names.items():
+                try:
+                    check_label_text(field_name, name)
+                except LabelError as exc:
+                    raise ConfigError(f"StockNames.{kind}[{cls!r}]: {exc}") from None
 
     def agent_of(self, role: Any) -> str:
         cls = type(role).__name__
@@ -106,7 +119,7 @@ class StockTopasLLM(TopasOpenAILLM):
         if role is None or "task_id" not in fields:
             return None  # not inside a task, or not made by a role: unlabelled
         names = self.topas_names
-        return Label(**{**fields, "stage": names.stage_of(role), "agent": names.agent_of(role)})
+        return label_from_mapping({**fields, "stage": names.stage_of(role), "agent": names.agent_of(role)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +218,7 @@ def enable(base_url: str | None = None, *, model: str | None = None, api_key: st
     """Label stock MetaGPT roles and teams until `disable()` (see module doc)."""
     if _ACTIVE:
         raise ConfigError("topas MetaGPT labelling is already enabled: disable() it first")
+    _check_enable_args(base_url, model, api_key, workflow, task_prefix, names)
     provider = ProviderOptions(restructure=restructure, send_max_tokens=send_max_tokens)
     options = StockOptions(base_url=base_url, model=model, api_key=api_key, workflow=workflow,
                            task_prefix=task_prefix, close_tasks=close_tasks, provider=provider,
@@ -217,3 +231,23 @@ def enable(base_url: str | None = None, *, model: str | None = None, api_key: st
         raise
     _ACTIVE.append(hooks)
     return hooks
+
+
+def _check_enable_args(base_url: Any, model: Any, api_key: Any, workflow: Any, task_prefix: Any,
+                       names: Any) -> None:
+    """What `enable` is given, checked now: each of these was accepted and failed only at
+    `Team.run`, or when its task-done call went out."""
+    if base_url is not None:
+        check_base_url(base_url, "base_url")
+    if model is not None:
+        check_model(model)
+    if api_key is not None:
+        check_key(api_key)
+    try:
+        if workflow is not None:
+            check_label_text("workflow", workflow)
+        check_label_text("task_id", task_prefix)  # task ids are f"{task_prefix}-{hex}"
+    except LabelError as exc:
+        raise ConfigError(f"enable(): {exc}") from None
+    if names is not None and not isinstance(names, StockNames):
+        raise ConfigError(f"enable(names=...) must be a StockNames, got {type(names).__name__}")
