@@ -13,7 +13,7 @@ from openai.types.chat import ChatCompletionChunk
 from openai.types.completion import Completion
 from openai.types.completion_choice import CompletionChoice
 
-from topas_agents.cluster.stream_retry import AsyncResumingStream, ResumingStream, transient
+from topas_agents.cluster.stream_retry import AsyncResumingStream, ResumingStream, StreamCutError, transient
 from topas_agents.errors import ConfigError
 from topas_agents.server.cluster.aggregate import (
     ReplicaAnswer,
@@ -309,6 +309,24 @@ def test_resume_once_then_give_up():
         list(stream)
     assert stream.resumed == 1
     assert transient(broken) and not transient(ValueError())
+
+
+def test_a_stream_cut_again_after_its_reissue_raises():
+    # before: a clean end without finish_reason after the one re-issue ended the iteration,
+    # handing the caller partial text as a success
+    stream = ResumingStream(_FakeStream(_chat_chunks("abcdef", 1)), lambda: _FakeStream(_chat_chunks("abcdef", 2)))
+    with pytest.raises(StreamCutError, match="without a finish_reason"):
+        list(stream)
+    assert stream.resumed == 1
+
+    async def reopen():
+        return _FakeStream(_chat_chunks("abcdef", 2))
+
+    async def run():
+        return [c async for c in AsyncResumingStream(_FakeStream(_chat_chunks("abcdef", 1)), reopen)]
+
+    with pytest.raises(StreamCutError):
+        asyncio.run(run())
 
 
 def test_completion_stream_resumes_and_async_too():

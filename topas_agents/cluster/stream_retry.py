@@ -4,7 +4,7 @@ A replica dying mid-stream ends the client's stream without `[DONE]` and without
 event (smg passes the cut through as a clean end), or the gateway sends an error event
 (openai raises `APIError`). `ResumingStream` / `AsyncResumingStream` wrap an `openai` stream:
 when it ends before any choice has a `finish_reason`, or raises a transient error, they
-re-issue the same call once (the gateway re-homes it; the new replica rebuilds the task from
+re-issue the same call once (a second break raises: `StreamCutError`, or the error itself) (the gateway re-homes it; the new replica rebuilds the task from
 the label) and skip the text already delivered, so the caller sees every character once and
 the usage chunk of the call that finished. Resuming assumes the replay produces the same
 text prefix (true for the simulated replicas; for a sampled LLM the caller gets the new
@@ -20,7 +20,19 @@ from typing import Any
 import httpx
 import openai
 
-RESUME_ATTEMPTS = 1  # the issue's rule: one retry, so a hopeless call fails fast
+from ..errors import TopasError
+
+RESUME_ATTEMPTS = 1  # one retry, so a hopeless call fails fast
+
+
+class StreamCutError(TopasError, ConnectionError):
+    """A stream ended before any choice finished, and again after its re-issue. Raised, not
+    swallowed: ending the iteration quietly handed the caller partial text as a success."""
+
+
+def _cut(resumed: int) -> StreamCutError:
+    return StreamCutError(f"the stream ended without a finish_reason (re-issued {resumed} time(s)): "
+                          "the server or the gateway cut it")
 
 
 def transient(exc: BaseException) -> bool:
@@ -101,9 +113,7 @@ class ResumingStream:
                     raise
                 error = exc
             if self.resumed >= self._attempts:
-                if error is not None:
-                    raise error
-                return
+                raise error if error is not None else _cut(self.resumed)
             with contextlib.suppress(Exception):
                 self._stream.close()
             self.resumed += 1
@@ -154,9 +164,7 @@ class AsyncResumingStream:
                     raise
                 error = exc
             if self.resumed >= self._attempts:
-                if error is not None:
-                    raise error
-                return
+                raise error if error is not None else _cut(self.resumed)
             with contextlib.suppress(Exception):
                 await self._stream.close()
             self.resumed += 1
