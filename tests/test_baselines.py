@@ -48,6 +48,31 @@ def test_baselines_are_registered_and_constructible(name: str) -> None:
 # ---------------------------------------------------------------------------- greedy + LRU
 
 
+@pytest.mark.parametrize(("name", "target", "match"), [
+    # before: "a:b:c" and a missing module were accepted and failed in make_policy with a
+    # bare ValueError / ModuleNotFoundError, and a built-in name was silently taken over
+    ("x-bad", "a:b:c", "module:factory"),
+    ("fcfs", "topas_agents.policies.baselines:LPM", "built in"),
+    (5, "topas_agents.policies.baselines:LPM", "policy name"),
+    ("", "topas_agents.policies.baselines:LPM", "policy name"),
+])
+def test_register_policy_refuses_bad_names_and_targets(name, target, match) -> None:
+    from topas_agents.policies import register_policy
+    with pytest.raises(ConfigError, match=match):
+        register_policy(name, target)
+    assert type(make_policy("fcfs")).__name__ == "FCFS"
+
+
+def test_make_policy_errors_are_config_errors() -> None:
+    from topas_agents.policies import register_policy
+    register_policy("x-unresolvable", "no_such_module_for_tests:make")
+    with pytest.raises(ConfigError, match="module 'no_such_module_for_tests' is missing"):
+        make_policy("x-unresolvable")
+    for options in ({1: 2}, "x=1", ["a"]):  # TypeError / "no option '1'" before
+        with pytest.raises(ConfigError, match="options must be a mapping"):
+            make_policy("topas-core", options)
+
+
 def test_head_of_line_blocks_smaller_requests_behind() -> None:
     s = snap(waiting=[rv("big", inp=5000, max_new=5000, arrival=0), rv("small", arrival=1)],
              prefixes=[pv("a")], budget=8000)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -48,6 +49,9 @@ _REGISTRY: dict[str, str] = {
     "topas-paper-full": "topas_agents.policies.topas:make_topas_paper_full",
 }
 
+_BUILTIN: dict[str, str] = dict(_REGISTRY)
+_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
 # The paper's five baselines (section V-A): "the best baseline" of every comparison is one of these.
 BASELINES: tuple[str, ...] = ("fcfs", "lpm", "parrot", "las", "spf")
 # Published peers we also run and report, outside the paper's comparison set.
@@ -64,8 +68,13 @@ def available_policies() -> tuple[str, ...]:
 
 
 def register_policy(name: str, target: str) -> None:
-    """Register `module:factory` under `name` (plugins and tests may add policies)."""
-    if ":" not in target:
+    """Register `module:factory` under `name` (plugins and tests may add policies; the
+    built-in names cannot be taken: `fcfs` silently built another policy)."""
+    if not isinstance(name, str) or not name or name != name.strip() or not name.isprintable():
+        raise ConfigError(f"policy name must be a non-empty printable string, got {name!r}")
+    if name in _BUILTIN and target != _BUILTIN[name]:
+        raise ConfigError(f"policy '{name}' is built in and cannot be re-registered")
+    if not isinstance(target, str) or not _TARGET.fullmatch(target):
         raise ConfigError(f"policy target must be 'module:factory', got {target!r}")
     _REGISTRY[name] = target
 
@@ -74,8 +83,15 @@ def make_policy(name: str, options: Mapping[str, Any] | None = None) -> Policy:
     """Build a fresh policy instance by registered name."""
     if name not in _REGISTRY:
         raise ConfigError(f"unknown policy '{name}' (known: {', '.join(_REGISTRY)})")
+    if options is not None and (not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options)):
+        raise ConfigError(f"policy '{name}': options must be a mapping of option name -> value, got {options!r:.80}")
     module, attr = _REGISTRY[name].split(":")
-    factory = getattr(importlib.import_module(module), attr)
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except ModuleNotFoundError as exc:  # a plugin's target that does not resolve
+        raise ConfigError(f"policy '{name}' is not available yet (module '{exc.name}' is missing)") from None
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"policy '{name}' is not available yet ({exc})") from None
     _check_option_names(name, factory, options or {})
     return factory(**dict(options or {}))
 
