@@ -141,3 +141,9 @@ async def test_context_labels_are_isolated_between_tasks() -> None:
     results = await asyncio.gather(*(work(i) for i in range(3)))
     assert [r.task_id for r in results] == ["t0", "t1", "t2"]
     assert current_label() is None
+
+
+@pytest.mark.parametrize("body", [[], "x", 3])
+def test_a_body_that_is_not_an_object_is_a_label_error(body):
+    with pytest.raises(LabelError, match="must be a JSON object"):  # AttributeError before
+        parse_label(body)

@@ -183,6 +183,8 @@ def label_from_headers(headers: Mapping[str, str]) -> Label | None:
 
 def parse_label(body: Mapping[str, Any] | None, headers: Mapping[str, str] | None = None) -> Label | None:
     """The request's label, or None if unlabelled. Raises LabelError when malformed."""
+    if body is not None and not isinstance(body, Mapping):
+        raise LabelError(BODY_KEY, f"the request body must be a JSON object, got {type(body).__name__}")
     if body is not None and body.get(BODY_KEY) is not None:
         return label_from_mapping(body[BODY_KEY])
     return label_from_headers(headers or {})

@@ -17,6 +17,7 @@ input/output sizes are sampled independently from the task's seeded RNG.
 from __future__ import annotations
 
 import math
+import numbers
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -89,13 +90,14 @@ class TaskPlan:
     rounds: Mapping[str, tuple[RoundPlan, ...]]
 
     def __post_init__(self) -> None:
-        # A NaN arrival hung the simulator (its event heap never advanced past it), and a
-        # negative one counted time before the clock starts as JCT: refuse both at the source.
+        # A NaN arrival hung the simulator (its event heap never advanced past it), an
+        # infinite one gave a NaN JCT. A negative one is a task that arrived before the
+        # clock's zero (the decision-cost world pre-ages its tasks so).
         if not isinstance(self.task_id, str) or not self.task_id:
             raise ConfigError(f"task id must be a non-empty string, got {self.task_id!r}")
         arrival = self.arrival_s
-        if isinstance(arrival, bool) or not isinstance(arrival, int | float) or not 0.0 <= arrival < math.inf:
-            raise ConfigError(f"task {self.task_id!r}: arrival time must be a finite number >= 0 s, got {arrival!r}")
+        if isinstance(arrival, bool) or not isinstance(arrival, numbers.Real) or not math.isfinite(arrival):
+            raise ConfigError(f"task {self.task_id!r}: arrival time must be a finite number of seconds, got {arrival!r}")
 
 
 def sample_task(wf: Workflow, task_id: str, arrival_s: float, rng: random.Random) -> TaskPlan:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import random
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -25,10 +27,10 @@ def make_trace(workflow: Workflow, n_tasks: int, rate: float, seed: int) -> tupl
     Arrival gaps and task contents use separate seeded streams, so the same seed at another
     rate yields the same tasks arriving at other times (loads are comparable).
     """
-    if n_tasks < 0:
-        raise ConfigError(f"n_tasks must be >= 0, got {n_tasks}")
-    if not rate > 0:
-        raise ConfigError(f"arrival rate must be > 0 tasks/s, got {rate}")
+    if isinstance(n_tasks, bool) or not isinstance(n_tasks, numbers.Integral) or n_tasks < 0:
+        raise ConfigError(f"n_tasks must be an integer >= 0, got {n_tasks!r}")
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0 < rate < math.inf:
+        raise ConfigError(f"arrival rate must be a finite number > 0 tasks/s, got {rate!r}")
     gaps = random.Random(f"arrivals-{seed}")
     sizes = random.Random(seed)
     t = 0.0

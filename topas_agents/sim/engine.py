@@ -16,6 +16,7 @@ managers that each own their state: `RequestTable` (who waits, who runs), `Resid
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -24,7 +25,7 @@ import numpy as np
 
 from ..costmodel import Profile
 from ..engine import EngineRequest, OverBudgetError, RequestError
-from ..errors import DecisionError, TopasError
+from ..errors import ConfigError, DecisionError, TopasError
 from ..percentile import percentile
 from ..policies import Policy
 from ..snapshot import Decision, Snapshot, check_decision
@@ -53,7 +54,7 @@ class SimEngine:
             raise TopasError(f"max_jump_s must be > 0, got {max_jump_s}")
         self.profile = profile
         self.policy = policy
-        self.kv_budget = profile.kv_budget_tokens if kv_budget is None else int(kv_budget)
+        self.kv_budget = profile.kv_budget_tokens if kv_budget is None else _budget(kv_budget)
         self.host_tier = profile.host_tier if host_tier is None else bool(host_tier)
         # A live read-only view (not a copy): workflows the caller registers later (the HTTP
         # server does) reach the policy; their agents' prefixes are created on first submit.
@@ -348,3 +349,12 @@ class SimEngine:
     @property
     def running_count(self) -> int:
         return len(self._requests.running)
+
+
+def _budget(kv_budget: object) -> int:
+    """A KV budget given in code: a whole number of tokens (NaN raised a bare ValueError from
+    int(), and 1000.7 was cut to 1000)."""
+    if isinstance(kv_budget, bool) or not isinstance(kv_budget, numbers.Real) or not math.isfinite(kv_budget) \
+            or kv_budget != int(kv_budget):
+        raise ConfigError(f"kv_budget must be a whole number of tokens, got {kv_budget!r}")
+    return int(kv_budget)
