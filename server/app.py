@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..workflow import Workflow
 from .api_errors import ApiError, bad_request, shutting_down
 from .calls import Call
 from .config import ServerConfig
@@ -30,10 +31,14 @@ from .tenancy import EXEMPT_PATHS, Tenant, authenticate, tenant_ids
 from .textcheck import MAYBE_SURROGATE as _MAYBE_SURROGATE
 from .textcheck import has_lone_surrogate
 from .timeline_api import install_timeline
-from .workflows import WorkflowRegistry, parse_upload
+from .workflows import WorkflowRegistry, check_upload_fits, decode_upload, parse_upload
 
 log = logging.getLogger("topas.server")
 TENANT_KEY = "topas.tenant"  # ASGI scope key set by EdgeMiddleware
+# Workflow uploads parsed at once in worker threads; more wait their turn. asyncio's default
+# pool has min(32, cores + 4) threads (6 on 2 cores), shared with the parsing of big
+# completion bodies: six slow uploads took them all and chat parsing stalled ~50 s.
+MAX_CONCURRENT_UPLOAD_PARSES = 2
 
 
 async def _send_error(send: Any, err: ApiError) -> None:
@@ -119,6 +124,13 @@ async def _off_loop(size: int, limit: int, fn: Any, *args: Any) -> Any:
     return await asyncio.to_thread(fn, *args) if size > limit else fn(*args)
 
 
+def _parse_checked_upload(text: str, fits: Callable[[Workflow], None] | None) -> Workflow:
+    """`POST /v1/topas/workflows` body text -> a workflow the engine can run (400 otherwise)."""
+    wf = parse_upload(text)
+    check_upload_fits(wf, fits)
+    return wf
+
+
 async def _wait_over(call: Call) -> None:
     while not call.over:
         await call.wait_change(call.generated)
@@ -191,11 +203,13 @@ def build_app(config: ServerConfig, *, responder: Responder | None = None,
     registry = WorkflowRegistry()
     for name in config.workflows:
         registry.load(name)
+    fits: Callable[[Workflow], None] | None = None  # an engine given by the caller: its own checks
     if engine_factory is None:
-        from .engine_factory import check_startup_workflows_fit, sim_engine_factory
+        from .engine_factory import check_startup_workflows_fit, sim_engine_factory, workflow_fit_check
 
         check_startup_workflows_fit(config, registry.mapping)
         engine_factory = sim_engine_factory
+        fits = workflow_fit_check(config)
     svc = SimService(config, registry, responder or make_responder(config), engine_factory)
 
     @contextlib.asynccontextmanager
@@ -211,7 +225,7 @@ def build_app(config: ServerConfig, *, responder: Responder | None = None,
     app.add_middleware(EdgeMiddleware, service=svc)
     _add_error_handlers(app)
     _add_openai_routes(app, svc)
-    _add_topas_routes(app, svc)
+    _add_topas_routes(app, svc, fits)
     install_timeline(app, svc, _tenant)  # GET /v1/topas/timeline (docs/timelines.md)
     return app
 
@@ -273,7 +287,9 @@ def _add_openai_routes(app: FastAPI, svc: SimService) -> None:
                                             "owned_by": "topas-agents"}]}
 
 
-def _add_topas_routes(app: FastAPI, svc: SimService) -> None:
+def _add_topas_routes(app: FastAPI, svc: SimService, fits: Callable[[Workflow], None] | None) -> None:
+    upload_parses = asyncio.Semaphore(MAX_CONCURRENT_UPLOAD_PARSES)
+
     @app.get("/health")
     async def health() -> JSONResponse:
         status = svc.status
@@ -299,8 +315,12 @@ def _add_topas_routes(app: FastAPI, svc: SimService) -> None:
     @app.post("/v1/topas/workflows")
     async def add_workflow(request: Request) -> JSONResponse:
         raw = await _read_body(request, svc.config.max_workflow_bytes)
-        text = raw.decode("utf-8", errors="replace")  # invalid bytes become U+FFFD, never surrogates
-        wf = await _off_loop(len(raw), svc.config.offload_bytes, parse_upload, text)
+        text = decode_upload(raw)
+        if len(raw) <= svc.config.offload_bytes:
+            wf = _parse_checked_upload(text, fits)
+        else:
+            async with upload_parses:
+                wf = await asyncio.to_thread(_parse_checked_upload, text, fits)
         new = svc.registry.add(wf, _tenant(request))  # on the loop: registration never races
         return JSONResponse({"name": wf.name, "created": new, "stages": [s.name for s in wf.stages],
                              "agents": {a.name: a.prefix_tokens for a in wf.agents}},

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ..costmodel import load_profile
 from ..engine import Engine, EngineRequest, RequestFactory
@@ -15,11 +15,18 @@ def check_startup_workflows_fit(config: ServerConfig, workflows: Mapping[str, Wo
     """ConfigError (one line, before serving) when a `--workflow` has a call that can never run
     under the KV budget: every labelled call of it would be a 400 (`topas bench` refuses the
     same configuration)."""
+    fits = workflow_fit_check(config)
+    for wf in workflows.values():
+        fits(wf)
+
+
+def workflow_fit_check(config: ServerConfig) -> Callable[[Workflow], None]:
+    """The check above for one workflow, the budget looked up once: uploads
+    (`POST /v1/topas/workflows`) are held to what `--workflow` is held to at startup."""
     from topas_agents.bench.work import check_fits
 
     budget = config.kv_budget or load_profile(config.profile).kv_budget_tokens
-    for wf in workflows.values():
-        check_fits(wf, budget)
+    return lambda wf: check_fits(wf, budget)
 
 
 def sim_engine_factory(config: ServerConfig,

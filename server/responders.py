@@ -76,8 +76,17 @@ EchoRule = Callable[[ResponseContext], "Reply | None"]
 
 # ---------------------------------------------------------------------------- echo rules
 
-_FORMAT_EXAMPLE = re.compile(r"##\s*format example\s*\n\s*\[CONTENT\](.*?)\[/CONTENT\]", re.S | re.I)
-_ANY_BLOCK = re.compile(r"\[CONTENT\](.*?)\[/CONTENT\]", re.S)
+# `[CONTENT]...[/CONTENT]` blocks are found with one forward scan (`_last_block`), not with
+# `\[CONTENT\](.*?)\[/CONTENT\]`: that regex retries from every opener without a closer,
+# quadratic in the prompt (a 1 MB prompt of unclosed openers held the event loop ~19 s).
+_OPEN = "[CONTENT]"
+_CLOSE = "[/CONTENT]"
+_OPEN_ANY_CASE = re.compile(re.escape(_OPEN), re.I)
+_CLOSE_ANY_CASE = re.compile(re.escape(_CLOSE), re.I)
+# The header alone: its trailing whitespace run is checked by `_WHITESPACE` (a `\s*\n\s*`
+# in the regex backtracked quadratically over a long run of blank lines).
+_FORMAT_HEADER = re.compile(r"##\s*format example", re.I)
+_WHITESPACE = re.compile(r"\s*")
 _CODE_ASK = re.compile(r"```python|\bwrite\s+(?:the\s+)?code\b", re.I)
 _CODE_FILE = re.compile(r"##\s*Code:\s*([\w./-]+\.py)")
 
@@ -115,12 +124,53 @@ def tool_result_rule(ctx: ResponseContext) -> str | None:
     return f"Echo: tool result: {_summary(ctx.tool_results[-1])}"
 
 
+def _last_block(text: str) -> str | None:
+    """The body of the last `[CONTENT]...[/CONTENT]` block, blocks taken left to right
+    without overlap (what `re.findall(r"\\[CONTENT\\](.*?)\\[/CONTENT\\]", text, re.S)[-1]`
+    gives), in linear time: once an opener has no closer after it, no later one has."""
+    found, pos = None, 0
+    while (start := text.find(_OPEN, pos)) >= 0:
+        end = text.find(_CLOSE, start + len(_OPEN))
+        if end < 0:
+            break
+        found, pos = text[start + len(_OPEN):end], end + len(_CLOSE)
+    return found
+
+
+def _example_opener(text: str, header_end: int) -> int | None:
+    """Where the block after a format-example header starts: the header, whitespace holding a
+    newline, then `[CONTENT]` (any case); None when the header has no block."""
+    run_end = _WHITESPACE.match(text, header_end).end()
+    if text.find("\n", header_end, run_end) < 0:
+        return None
+    opener = _OPEN_ANY_CASE.match(text, run_end)
+    return opener.end() if opener else None
+
+
+def _last_format_example(text: str) -> str | None:
+    """The body of the last '## format example\\n[CONTENT]...[/CONTENT]' (case-insensitive),
+    matches taken left to right without overlap, in linear time."""
+    found, pos = None, 0
+    while (header := _FORMAT_HEADER.search(text, pos)) is not None:
+        body_start = _example_opener(text, header.end())
+        if body_start is None:
+            pos = header.start() + 1
+            continue
+        closer = _CLOSE_ANY_CASE.search(text, body_start)
+        if closer is None:  # no later header's block can close either
+            break
+        found, pos = text[body_start:closer.start()], closer.end()
+    return found
+
+
 def content_block_rule(ctx: ResponseContext) -> str | None:
     """MetaGPT ActionNode prompts: '## format example\\n[CONTENT]\\n{json}\\n[/CONTENT]'."""
     for text in (ctx.last_user, ctx.full_text):
-        found = _FORMAT_EXAMPLE.findall(text) or _ANY_BLOCK.findall(text)
-        if found:
-            return f"[CONTENT]\n{found[-1].strip()}\n[/CONTENT]"
+        found = _last_format_example(text)
+        if found is None:
+            found = _last_block(text)
+        if found is not None:
+            return f"[CONTENT]\n{found.strip()}\n[/CONTENT]"
     return None
 
 

@@ -17,22 +17,62 @@ MAX_SCHEMA_DEPTH = 12
 MAX_SCHEMA_NODES = 2000
 MAX_ARRAY_ITEMS = 4
 MAX_STRING_CHARS = 256
+# A `const`/`default`/`enum` literal is copied into the arguments only up to this size (JSON
+# characters; a generated placeholder replaces a bigger one), and all copied literals of one
+# call together up to the total: an 8 MB default under 2000 `required` names was serialized
+# once per visit (~29 s on the event loop), and the reply must stay far below the server's
+# `max_response_chars` (256 KiB), where it would be cut.
+MAX_LITERAL_CHARS = 4096
+MAX_LITERAL_TOTAL_CHARS = 64 * 1024
+# Digits in a JSON number per bit of a Python int (log10(2), rounded up): sizes an int literal
+# without printing it.
+_DIGITS_PER_BIT = 0.302
 _FORMAT_EXAMPLES = {"date-time": "1970-01-01T00:00:00Z", "date": "1970-01-01", "time": "00:00:00",
                     "email": "user@example.com", "uri": "https://example.com", "uuid": "00000000-0000-0000-0000-000000000000"}
 
 
 def _finite(value: Any) -> float | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
-
-
-def _plain_json(value: Any) -> bool:
-    """A literal from the schema (const, enum, default) that serializes as strict JSON."""
+    """A schema bound as a float; None when absent, not a number, or not finite as a float
+    (an integer beyond ~1.8e308 overflows float(): such a bound is ignored, never a 500)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
     try:
-        json.dumps(value, allow_nan=False)
-    except (ValueError, TypeError, RecursionError):
-        return False
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _json_size_at_most(value: Any, limit: int) -> bool:
+    """Whether `value` plausibly serializes within about `limit` characters, decided by a walk
+    that stops once past the limit (so a huge literal costs O(limit), not O(its size))."""
+    stack, size = [value], 0
+    while stack:
+        item = stack.pop()
+        size += 2  # a scalar's or a container's shortest text, plus a separator
+        if isinstance(item, str):
+            size += len(item)
+        elif isinstance(item, int) and not isinstance(item, bool):
+            size += int(item.bit_length() * _DIGITS_PER_BIT)
+        elif isinstance(item, Mapping | list | tuple):
+            size += 2 * len(item)  # counted before its items are visited: a huge one stops here
+            if size <= limit:
+                stack.extend([*item.keys(), *item.values()] if isinstance(item, Mapping) else item)
+        if size > limit:
+            return False
     return True
+
+
+def _literal_json_chars(value: Any) -> int | None:
+    """The JSON size of a literal from the schema (const, enum, default) that serializes as
+    strict JSON within MAX_LITERAL_CHARS; None for any other."""
+    if not _json_size_at_most(value, MAX_LITERAL_CHARS):
+        return None
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return len(text) if len(text) <= MAX_LITERAL_CHARS else None
 
 
 class _SchemaFiller:
@@ -42,17 +82,18 @@ class _SchemaFiller:
     def __init__(self, root: Mapping[str, Any]) -> None:
         self.root = root
         self.budget = MAX_SCHEMA_NODES
+        self.literal_chars_left = MAX_LITERAL_TOTAL_CHARS
 
     def value(self, schema: Any, depth: int = 0) -> Any:
         if not isinstance(schema, Mapping) or depth > MAX_SCHEMA_DEPTH or self.budget <= 0:
             return None
         self.budget -= 1
-        for key in ("const", "default"):
-            if key in schema and _plain_json(schema[key]):
-                return schema[key]
         enum = schema.get("enum")
-        if isinstance(enum, list) and enum and _plain_json(enum[0]):
-            return enum[0]
+        literals = [schema[key] for key in ("const", "default") if key in schema]
+        literals += [enum[0]] if isinstance(enum, list) and enum else []
+        for literal in literals:
+            if self._take_literal(literal):
+                return literal
         if isinstance(schema.get("$ref"), str):
             return self.value(self._resolve(schema["$ref"]), depth + 1)
         for key in ("anyOf", "oneOf", "allOf"):
@@ -61,6 +102,15 @@ class _SchemaFiller:
             if subs:  # the first alternative that is not null (allOf: its first part)
                 return self.value(next((x for x in subs if x.get("type") != "null"), subs[0]), depth + 1)
         return self._typed(schema, self._type(schema), depth)
+
+    def _take_literal(self, literal: Any) -> bool:
+        """Whether `literal` goes into the arguments: strict JSON, small, and within what is
+        left of the per-call literal budget (then charged to it)."""
+        chars = _literal_json_chars(literal)
+        if chars is None or chars > self.literal_chars_left:
+            return False
+        self.literal_chars_left -= chars
+        return True
 
     def _resolve(self, ref: str) -> Any:
         """A local reference (`#/$defs/X`, `#/definitions/X`); anything else is unknown."""
@@ -84,7 +134,7 @@ class _SchemaFiller:
         if kind == "object":
             props = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
             required = schema.get("required") if isinstance(schema.get("required"), list) else []
-            return {name: self.value(props.get(name, {}), depth + 1) for name in required if isinstance(name, str)}
+            return self._required_properties(props, required, depth)
         if kind == "array":
             n = min(int(_finite(schema.get("minItems")) or 0), MAX_ARRAY_ITEMS)
             return [self.value(schema.get("items", {}), depth + 1) for _ in range(max(0, n))]
@@ -97,6 +147,16 @@ class _SchemaFiller:
         if kind in ("integer", "number"):
             return self._number(schema, kind == "integer")
         return False if kind == "boolean" else None
+
+    def _required_properties(self, props: Mapping[str, Any], required: list, depth: int) -> dict[str, Any]:
+        """Each required name once (a name listed 2000 times is filled once, not 2000 times),
+        until the node budget runs out (later names would all be null: left out)."""
+        out: dict[str, Any] = {}
+        for name in dict.fromkeys(n for n in required if isinstance(n, str)):
+            if self.budget <= 0:
+                break
+            out[name] = self.value(props.get(name, {}), depth + 1)
+        return out
 
     @staticmethod
     def _number(schema: Mapping[str, Any], integer: bool) -> int | float:

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..engine import Engine, RequestFactory
 from ..errors import TaskError, TopasError
+from ..labels import BODY_KEY
 from ..policies import close_policy
 from ..task_tracker import Action, StageDoneAction, TaskTracker
 from ..workflow import Workflow
@@ -137,8 +138,12 @@ class SimService:
                               round_, lab.labelled, target, call.tools)
         reply = self.responder.respond(ctx)
         tool = reply if isinstance(reply, ToolCall) else None
-        text = (tool.arguments if tool else reply)[: self.config.max_response_chars]
-        done = "tool_calls" if tool else "stop"
+        whole = tool.arguments if tool else reply
+        text = whole[: self.config.max_response_chars]
+        # A cut reply is reported as cut, like OpenAI's "length" for output past max_tokens:
+        # "tool_calls" (or "stop") would claim complete output, and a cut tool call's
+        # arguments are not valid JSON.
+        done = "length" if len(text) < len(whole) else "tool_calls" if tool else "stop"
         natural = max(1, count_tokens(text))
         if from_stage:  # the workload decides the simulated length; the text stays whole
             return text, target or 1, target or 1, done, tool
@@ -164,7 +169,7 @@ class SimService:
         try:
             self.engine.submit(req)
         except TopasError as exc:  # OverBudgetError and friends: the request can never run
-            raise bad_request(str(exc), "max_tokens" if call.max_tokens else None) from None
+            raise bad_request(str(exc), self._over_budget_param(call, lab, input_tokens)) from None
         actions = self.tracker.commit_call(lab.task_id, lab.stage, lab.workflow, lab.workflow_name,
                                            not lab.labelled, now, self._wall())
         self._apply(actions)
@@ -175,6 +180,18 @@ class SimService:
         c = Call(rid, record, text, n_out, reason, tool)
         self.calls[rid] = c
         return c
+
+    def _over_budget_param(self, call: ParsedCall, lab: ResolvedLabel, input_tokens: int) -> str | None:
+        """The request field that makes a call too big for the KV budget: the label's
+        prefix_tokens when it alone is too big, else the prompt when it is, else max_tokens when
+        the client set it (None: the server's default length, or an engine without a budget)."""
+        budget = getattr(self.engine, "kv_budget", None)
+        if isinstance(budget, int):
+            if lab.prefix_source == "label" and lab.prefix_tokens > budget:
+                return f"{BODY_KEY}.prefix_tokens"
+            if lab.prefix_tokens + input_tokens > budget:
+                return "messages" if call.kind == "chat" else "prompt"
+        return "max_tokens" if call.max_tokens is not None else None
 
     def _cancel(self, c: Call) -> None:
         if self.calls.pop(c.rid, None) is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hmac
+import re
 from collections.abc import Iterator, Mapping
 
 from ..workflow import AgentSpec, Workflow
@@ -65,8 +66,17 @@ def tenant_names(tenant: Tenant) -> Iterator[None]:
         yield
     except ApiError as exc:
         if tenant is not None:
-            exc.message = exc.message.replace(f"{tenant}/", "")
+            exc.message = unqualify_quoted(tenant, exc.message)
         raise
+
+
+def unqualify_quoted(tenant: str, message: str) -> str:
+    """`message` with the tenant prefix taken off the quoted names in it (`task 'key1/t'` ->
+    `task 't'`): only a prefix, at the start of a quoted name, is the tenant's qualification
+    (errors quote names, as `'x'` or repr). Any other "key1/" is the tenant's own text, such as
+    a task id "a/key1/b", and stays."""
+    prefix = re.escape(f"{tenant}/")
+    return re.sub(rf"(^|[\s(\[{{,:=])(['\"]){prefix}", r"\1\2", message)
 
 
 def engine_workflow(tenant: Tenant, wf: Workflow) -> Workflow:

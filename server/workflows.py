@@ -8,9 +8,9 @@ that tenant's namespace (server/tenancy.py), so no tenant can squat or replace a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from ..errors import WorkflowError
+from ..errors import ConfigError, WorkflowError
 from ..workflow import Workflow, builtin_workflows, load_workflow, load_yaml_data, parse_workflow
 from .api_errors import ApiError, bad_request
 from .tenancy import Tenant, engine_workflow, qualify
@@ -79,6 +79,26 @@ class WorkflowRegistry:
         self._shared[wf.name] = wf
         self._engine[wf.name] = wf
         return wf
+
+
+def decode_upload(raw: bytes) -> str:
+    """The upload body as text: strict UTF-8 (400 otherwise, as completions answer), so a
+    workflow is never registered under a name mangled by replacement characters."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad_request(f"workflow body is not valid UTF-8 (byte {exc.start})") from None
+
+
+def check_upload_fits(wf: Workflow, fits: Callable[[Workflow], None] | None) -> None:
+    """400 when `fits` (the engine's KV-budget check, None when the engine has none) says a
+    stage of `wf` can never run: the message `topas serve --workflow` refuses it with."""
+    if fits is None:
+        return
+    try:
+        fits(wf)
+    except ConfigError as exc:
+        raise bad_request(str(exc)) from None
 
 
 def parse_upload(text: str) -> Workflow:

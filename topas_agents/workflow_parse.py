@@ -111,24 +111,48 @@ def _parse_agent(obj: Any, i: int, limits: WorkflowLimits) -> AgentSpec:
     return AgentSpec(name, tokens)
 
 
-def _after(obj: dict, where: str, limits: WorkflowLimits) -> tuple[str, ...]:
-    after = obj.get("after", []) or []
-    if isinstance(after, str):
+def _after(obj: dict, where: str, limits: WorkflowLimits, edges_before: int = 0) -> tuple[str, ...]:
+    """A stage's dependencies: a list of stage names, or one name. Only a missing `after` or
+    null means none: `0`, `false`, `{}` or `""` are mistakes, not "no dependencies".
+    `edges_before`: `after` entries of the stages before, so the total limit fires before
+    this list is scanned (YAML aliases can repeat one 100k-name list on every stage)."""
+    after = obj.get("after")
+    if after is None:
+        return ()
+    if isinstance(after, str) and after:
         after = [after]
-    if not isinstance(after, list) or not all(isinstance(a, str) for a in after):
+    if not isinstance(after, list):
         raise WorkflowError(f"{where}.after: expected a list of stage names, got {_show(after)}")
     if len(after) > limits.max_edges:
         raise WorkflowError(f"{where}.after: more than {limits.max_edges} entries")
+    if edges_before + len(after) > limits.max_edges:
+        raise WorkflowError(f"stages: more than {limits.max_edges} dependencies in all")
+    if not all(isinstance(a, str) for a in after):
+        raise WorkflowError(f"{where}.after: expected a list of stage names, got {_show(after)}")
     dup = _first_duplicate(after)
     if dup is not None:
         raise WorkflowError(f"{where}.after: stage '{_clip(dup)}' listed twice")
     return tuple(after)
 
 
-def _parse_stage(obj: Any, i: int, agents: set[str] | frozenset[str], limits: WorkflowLimits) -> StageSpec:
+class _StagesSoFar:
+    """What the stages parsed so far constrain the next one by: their names (a duplicate is an
+    error at once, before its `after` list is read) and their `after` entries in all."""
+
+    __slots__ = ("names", "edges")
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.edges = 0
+
+
+def _parse_stage(obj: Any, i: int, agents: set[str] | frozenset[str], limits: WorkflowLimits,
+                 before: _StagesSoFar) -> StageSpec:
     where = f"stages[{i}]"
     obj = _check_keys(obj, _STAGE_KEYS, {"name", "agent", "input_tokens", "output_tokens"}, where)
     name = _name(obj["name"], f"{where}.name", limits.max_name_chars)
+    if name in before.names:
+        raise WorkflowError(f"stages: duplicate stage '{name}'")
     where = f"stages[{i}] ({name})"
     agent = _name(obj["agent"], f"{where}.agent", limits.max_name_chars)
     if agent not in agents:
@@ -137,10 +161,13 @@ def _parse_stage(obj: Any, i: int, agents: set[str] | frozenset[str], limits: Wo
     if isinstance(wait, bool) or not isinstance(wait, int | float) or not (0 <= wait <= limits.max_tool_wait_s):
         raise WorkflowError(f"{where}.tool_wait_s: expected a finite number >= 0 and <= {limits.max_tool_wait_s:g}, "
                             f"got {_show(wait)}")
+    after = _after(obj, where, limits, before.edges)
+    before.names.add(name)
+    before.edges += len(after)
     return StageSpec(
         name=name,
         agent=agent,
-        after=_after(obj, where, limits),
+        after=after,
         requests=_int_range(obj.get("requests", 1), f"{where}.requests", minimum=1, maximum=limits.max_requests),
         input_tokens=_int_range(obj["input_tokens"], f"{where}.input_tokens", minimum=1,
                                 maximum=limits.max_tokens),
@@ -179,18 +206,15 @@ def _numbers(data: dict, key: str, default: Any, limits: WorkflowLimits) -> tupl
     return tuple(float(x) for x in values)
 
 
-def _check_deps(stages: tuple[StageSpec, ...], limits: WorkflowLimits) -> None:
+def _check_deps(stages: tuple[StageSpec, ...]) -> None:
+    """Every dependency names another stage (their total is bounded as they are read)."""
     names = {s.name for s in stages}
-    edges = 0
     for i, s in enumerate(stages):
-        edges += len(s.after)
         for dep in s.after:
             if dep not in names:
                 raise WorkflowError(f"stages[{i}] ({s.name}).after: unknown stage '{_clip(dep)}'")
             if dep == s.name:
                 raise WorkflowError(f"stages[{i}] ({s.name}).after: a stage cannot depend on itself")
-    if edges > limits.max_edges:
-        raise WorkflowError(f"stages: more than {limits.max_edges} dependencies in all")
 
 
 def _parse_workflow(data: Any, limits: WorkflowLimits) -> Workflow:
@@ -204,11 +228,9 @@ def _parse_workflow(data: Any, limits: WorkflowLimits) -> Workflow:
     if dup is not None:
         raise WorkflowError(f"agents: duplicate agent '{dup}'")
     known = frozenset(agent_names)
-    stages = tuple(_parse_stage(s, i, known, limits) for i, s in enumerate(raw_stages))
-    dup = _first_duplicate([s.name for s in stages])
-    if dup is not None:
-        raise WorkflowError(f"stages: duplicate stage '{dup}'")
-    _check_deps(stages, limits)
+    so_far = _StagesSoFar()  # duplicates and the edge total are caught as the stages are read
+    stages = tuple(_parse_stage(s, i, known, limits, so_far) for i, s in enumerate(raw_stages))
+    _check_deps(stages)
     order = _topo_sort(stages)  # raises on cycles
     loads = _numbers(data, "loads", (0.3, 0.6, 0.9), limits)
     if "rates" in data:  # read by `topas bench`; bounded here like `loads`
