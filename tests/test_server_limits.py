@@ -91,7 +91,8 @@ def test_a_10k_stage_workflow_loads_in_a_worker_thread(srv, http, monkeypatch, b
     (lambda d: d.update(name="n" * 10_000), "name: longer than 256 characters"),
     (lambda d: d["agents"][0].update(prefix_tokens=10**7), "prefix_tokens: expected an integer >= 0 and <="),
     (lambda d: d.update(loads=[0.5] * 100), "loads: expected a non-empty list"),
-    (lambda d: d.update(rates=[10**6]), "rates: expected a non-empty list"),
+    (lambda d: d.update(rates=[0.1]), "rates: not read by any command"),
+    (lambda d: d.update(loads=[0.3, 0.3]), "loads: 0.3 listed twice"),
     (lambda d: d["stages"][0].update(tool_wait_s=1e9), "tool_wait_s: expected a finite number"),
     (lambda d: d.update(stages=_chain(DEFAULT_LIMITS.max_stages + 1)["stages"]), "stages: more than 10000"),
 ])

@@ -203,6 +203,9 @@ def _numbers(data: dict, key: str, default: Any, limits: WorkflowLimits) -> tupl
     ):
         raise WorkflowError(f"{key}: expected a non-empty list of positive numbers (at most {limits.max_loads}, "
                             f"each <= {limits.max_load:g}), got {_show(values)}")
+    dup = _first_duplicate([float(x) for x in values])
+    if dup is not None:  # a repeated point would be simulated twice and weigh twice in averages
+        raise WorkflowError(f"{key}: {dup:g} listed twice")
     return tuple(float(x) for x in values)
 
 
@@ -233,8 +236,9 @@ def _parse_workflow(data: Any, limits: WorkflowLimits) -> Workflow:
     _check_deps(stages)
     order = _topo_sort(stages)  # raises on cycles
     loads = _numbers(data, "loads", (0.3, 0.6, 0.9), limits)
-    if "rates" in data:  # read by `topas bench`; bounded here like `loads`
-        _numbers(data, "rates", None, limits)
+    if "rates" in data:  # validated, then read by nothing: refused rather than silently ignored
+        raise WorkflowError("rates: not read by any command; give operating points as `loads:` "
+                            "(fractions of capacity) or `topas bench --rate R1,R2`")
     desc = data.get("description", "")
     if not isinstance(desc, str):
         raise WorkflowError(f"description: expected a string, got {type(desc).__name__}")

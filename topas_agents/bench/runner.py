@@ -86,6 +86,10 @@ def _validate(config: BenchConfig) -> None:
     check_range((config.tasks,), LIMITS.tasks, "tasks")
     check_range(config.rates + config.extra_rates, LIMITS.rate, "rate", " tasks/s")
     check_range(config.loads, LIMITS.load, "load")
+    if config.workflow is not None and not (config.loads or config.rates):
+        # the workflow file's own `loads:` stand in for --load: the same range (1e-300 never
+        # finished, 1e18 reported JCTs below the lower bound)
+        check_range(config.workflow.loads, LIMITS.load, f"workflow {config.workflow.name!r} `loads:`")
     if config.budget <= 0:
         raise ConfigError(f"KV budget must be positive, got {config.budget}")
     if config.workflow is not None:

@@ -62,6 +62,11 @@ class ClusterBenchConfig:
             raise ConfigError("need at least one policy, router and replica count")
         if any(n < 1 for n in (*self.replicas, *self.scaling_replicas)) or self.tasks_per_replica < 1:
             raise ConfigError("replica counts and tasks per replica must be >= 1")
+        from ..bench.protocol import LIMITS, check_range
+
+        # the workflow's own `loads:` stand in for --load: the same range as the single-GPU bench
+        check_range(self.loads or self.workflow.loads, LIMITS.load,
+                    "load" if self.loads else f"workflow {self.workflow.name!r} `loads:`")
 
 
 def _run(cfg: ClusterBenchConfig, policy: str, router: str, n: int, load: float) -> ClusterRun:

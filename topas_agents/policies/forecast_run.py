@@ -6,6 +6,7 @@ in `decide` or in a worker process (live engines), so what it needs travels as o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -149,7 +150,7 @@ def _combined_scores(runs: list[dict[str, tuple[float, float]]], topas: str) -> 
     for trace in runs:
         ref_mean, ref_p99 = _reference(trace, (topas,))
         for name, (mean, p99) in trace.items():
-            ratios[name].append(0.5 * (mean / ref_mean + p99 / ref_p99))
+            ratios[name].append(0.5 * (_ratio(mean, ref_mean) + _ratio(p99, ref_p99)))
     return {name: float(np.mean(v)) for name, v in ratios.items()}
 
 
@@ -161,6 +162,12 @@ def _regret_scores(runs: list[dict[str, tuple[float, float]]], candidates: tuple
     for trace in runs:
         ref_mean, ref_p99 = _reference(trace, candidates)
         for name, (mean, p99) in trace.items():
-            means[name].append(mean / ref_mean)
-            p99s[name].append(p99 / ref_p99)
+            means[name].append(_ratio(mean, ref_mean))
+            p99s[name].append(_ratio(p99, ref_p99))
     return {name: float(max(np.mean(means[name]), np.mean(p99s[name]))) for name in means}
+
+
+def _ratio(value: float, reference: float) -> float:
+    """value / reference; 1 when the reference is 0 (every task of a trace took no time on
+    the clock's resolution, so every policy ties; a ZeroDivisionError ended the run)."""
+    return value / reference if reference > 0 else (1.0 if value <= reference else math.inf)

@@ -92,9 +92,17 @@ class TopasConfig:
     seed: int = 0
 
 
+# Upper bounds where a huge value is not "more of the same" but overflow. size_weight: the
+# weight is (H/W)**size_weight with H/W up to 1000, so 400 overflowed a float (a traceback
+# mid-run); by 16 the order is already strict shortest-remaining-work first. beta: V_reuse x
+# 1e6 already outranks every other term; topas-paper at 1e200 overflowed its values and its
+# search never ended.
+MAX_SIZE_WEIGHT = 16.0
+MAX_BETA = 1e6
+
 # field -> (kind, minimum, maximum); None means unbounded
 _LIMITS: dict[str, tuple[type, float, float | None]] = {
-    "beta": (float, 0.0, None),
+    "beta": (float, 0.0, MAX_BETA),
     "rho": (float, 0.0, None),
     "enum_agents": (int, 0, 16),
     "k_admit": (int, 1, None),
@@ -105,7 +113,7 @@ _LIMITS: dict[str, tuple[type, float, float | None]] = {
     "horizon": (float, 1e-6, None),
     "width": (int, 1, 64),
     "max_additions": (int, 1, 1024),
-    "size_weight": (float, 0.0, None),
+    "size_weight": (float, 0.0, MAX_SIZE_WEIGHT),
     "work_floor": (float, 0.0, 1.0),
     "kv_exp": (float, 0.0, 2.0),
     "block": (float, 0.0, None),

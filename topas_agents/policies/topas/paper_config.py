@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import ConfigError
-from .config import TopasConfig, _convert
+from .config import MAX_BETA, MAX_SIZE_WEIGHT, TopasConfig, _convert
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +158,7 @@ TOPAS_OPTIONS: dict[str, float | int] = {
 _PAPER_LIMITS: dict[str, tuple[type, float, float | None]] = {
     "M": (int, 0, 16),
     "K": (int, 0, None),
-    "beta": (float, 0.0, None),
+    "beta": (float, 0.0, MAX_BETA),
     "rho": (float, 0.0, None),
     "samples": (int, 1, 4096),
     "exact_rows": (int, 1, 65536),
@@ -166,7 +166,7 @@ _PAPER_LIMITS: dict[str, tuple[type, float, float | None]] = {
     "seed": (int, 0, None),
     "horizon": (float, 0.0, None),
     "work_floor": (float, 0.0, 1.0),
-    "size_weight": (float, 0.0, None),
+    "size_weight": (float, 0.0, MAX_SIZE_WEIGHT),
     "kv_exp": (float, 0.0, 2.0),
     "redo_prefill": (int, 0, 1),
     "pin_finishing": (int, 0, 1),
