@@ -302,14 +302,20 @@ class ReplayResponder:
         path = Path(path)
         if not path.exists():
             raise ConfigError(f"replay file not found: {path}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:  # a directory, unreadable, not UTF-8
+            raise ConfigError(f"cannot read replay file {path}: {getattr(exc, 'strerror', None) or exc}") from None
         records = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+        for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{path}:{n}: invalid JSON: {exc.msg}") from None
+            except (ValueError, RecursionError):  # a > 4300-digit integer, deep nesting (a traceback before)
+                raise ConfigError(f"{path}:{n}: invalid JSON: too deeply nested or a number too long") from None
             if not isinstance(rec, dict) or not isinstance(rec.get("content"), str):
                 raise ConfigError(f"{path}:{n}: each line needs a string 'content'")
             if rec.get("round") is not None and (isinstance(rec["round"], bool) or not isinstance(rec["round"], int)):

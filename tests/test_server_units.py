@@ -198,6 +198,25 @@ def test_replay_matches_by_stage_agent_round_then_in_order(tmp_path) -> None:
         make_responder(ServerConfig(responder="nope"))
 
 
+@pytest.mark.parametrize(("content", "match"), [
+    # before: RecursionError / ValueError / UnicodeDecodeError / IsADirectoryError tracebacks
+    ("[" * 100_000 + "]" * 100_000 + "\n", ":1: invalid JSON: too deeply nested"),
+    ('{"content": "x", "n": ' + "9" * 5000 + "}\n", ":1: invalid JSON"),
+    (b"\xff\xfe\x00", "cannot read replay file"),
+    (None, "cannot read replay file"),
+])
+def test_a_bad_replay_file_is_one_config_error(tmp_path, content, match) -> None:
+    f = tmp_path / "r.jsonl"
+    if content is None:
+        f.mkdir()
+    elif isinstance(content, bytes):
+        f.write_bytes(content)
+    else:
+        f.write_text(content)
+    with pytest.raises(ConfigError, match=match):
+        ReplayResponder.from_file(f)
+
+
 # ---------------------------------------------------------------------------- config
 
 
