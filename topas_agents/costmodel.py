@@ -17,9 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .errors import ConfigError
+from .errors import ConfigError, WorkflowError
+from .workflow import load_yaml_data
 
 DEFAULT_PROFILE = "a100-80g-qwen2.5-32b"
 _PROFILE_DIR = Path(__file__).parent / "profiles"
@@ -85,16 +84,62 @@ def available_profiles() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in _PROFILE_DIR.glob("*.yaml")))
 
 
+def _as_int(value: Any) -> int:
+    """An integer field's value: a bool (YAML `true`) is not a count and a fraction is not
+    truncated (`kv_budget_tokens: 17500.5` silently became 17500)."""
+    if isinstance(value, bool):
+        raise ValueError
+    if isinstance(value, int):
+        return value
+    number = float(value)  # a float, or a string such as "1.5e5" (see `_coerce`)
+    if not number.is_integer():
+        raise ValueError
+    return int(number)
+
+
+def _as_float(value: Any) -> float:
+    if isinstance(value, bool):  # `tm_s: true` is a typo, not 1.0 s
+        raise ValueError
+    return float(value)
+
+
+def _as_str(value: Any) -> str:
+    """A text field: a scalar, not blank (an empty `name` labelled results with nothing)."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float) or not str(value).strip():
+        raise ValueError
+    return str(value)
+
+
+def _as_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError
+    return value
+
+
+_CONVERTERS = {"int": _as_int, "float": _as_float, "str": _as_str, "bool": _as_bool}
+_KINDS = {"int": "an integer", "float": "a number", "str": "a non-empty string", "bool": "true or false"}
+
+
 def _coerce(key: str, kind: str, value: Any, path: Path) -> Any:
     # PyYAML reads `1.5e12` (no sign in the exponent) as a string: coerce by field type.
     try:
-        if kind == "bool":
-            if not isinstance(value, bool):
-                raise ValueError
-            return value
-        return {"int": int, "float": float, "str": str}[kind](value)
-    except (ValueError, TypeError, KeyError):
-        raise ConfigError(f"{path}: field '{key}' must be {kind}, got {value!r}") from None
+        return _CONVERTERS[kind](value)
+    except (ValueError, TypeError, KeyError, OverflowError):
+        raise ConfigError(f"{path}: field '{key}' must be {_KINDS.get(kind, kind)}, got {value!r}") from None
+
+
+def _read_profile_data(path: Path) -> Any:
+    """The parsed YAML of a profile file; ConfigError for a directory, an unreadable or binary
+    file, invalid YAML, a repeated key or deep nesting (`load_yaml_data`: the workflow
+    loader's guards, which a profile needs as much)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read profile file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        return load_yaml_data(text)
+    except WorkflowError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def load_profile(name_or_path: str | Path = DEFAULT_PROFILE, **overrides: Any) -> Profile:
@@ -108,7 +153,7 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE, **overrides: Any) -
             )
     if not path.exists():
         raise ConfigError(f"profile file not found: {path}")
-    data = yaml.safe_load(path.read_text())
+    data = _read_profile_data(path)
     fields = {f.name: f.type for f in dataclasses.fields(Profile)}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping")
@@ -127,12 +172,18 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE, **overrides: Any) -
 
 # Rates the cost model divides by: zero would make every step infinite.
 _DIVISORS = ("hbm_bytes_per_s", "attn_flops_per_s", "swap_bytes_per_s")
+# Times per forward step, per token of a step, or per call. Real ones are milliseconds (a
+# CPU-served small model: well under a second); 10 s leaves room for any such server. A
+# larger one is a typo or a unit error, and made nonsense runs: `tm_s: 1e308` overflowed the
+# capacity estimate and failed as "arrival rate must be > 0 tasks/s, got 0.0".
+MAX_TIME_S = 10.0
+_TIMES = ("tm_s", "tc_s_per_token", "lm_head_s", "overhead_s", "call_overhead_s")
 
 
 def _check_values(profile: Profile, path: Path) -> None:
     """Times and sizes are finite and >= 0, rates and sizes that scale work > 0: a NaN or an
     infinite rate gave nonsense runs or an unrelated error later (NaN `tc_s_per_token` was
-    reported as "arrival rate must be > 0")."""
+    reported as "arrival rate must be > 0"); times are at most MAX_TIME_S."""
     for f in dataclasses.fields(Profile):
         value = getattr(profile, f.name)
         if f.type not in ("int", "float"):
@@ -141,3 +192,5 @@ def _check_values(profile: Profile, path: Path) -> None:
         if not math.isfinite(value) or value < 0 or (positive and value == 0):
             need = "> 0" if positive else ">= 0"
             raise ConfigError(f"{path}: {f.name} must be a finite number {need}, got {value!r}")
+        if f.name in _TIMES and value > MAX_TIME_S:
+            raise ConfigError(f"{path}: {f.name} must be at most {MAX_TIME_S:g} s, got {value!r}")

@@ -11,16 +11,17 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, WorkflowError
 from ..policies import available_policies
-from ..workflow import yaml_error_detail
+from ..workflow import load_yaml_data
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def parse_positive_floats(text: str, what: str) -> tuple[float, ...]:
-    """`0.1,0.2` -> (0.1, 0.2); each value finite and > 0."""
-    values = []
+    """`0.1,0.2` -> (0.1, 0.2); each value finite and > 0, none given twice (as --seeds: a
+    repeated load or rate was simulated twice and weighted twice in the paper-rule average)."""
+    values: list[float] = []
     for part in str(text).split(","):
         try:
             value = float(part.strip())
@@ -28,6 +29,8 @@ def parse_positive_floats(text: str, what: str) -> tuple[float, ...]:
             raise ConfigError(f"{what}: expected positive numbers separated by commas, got {part.strip()!r}") from None
         if not (value > 0 and math.isfinite(value)):
             raise ConfigError(f"{what}: must be a positive finite number, got {part.strip()!r}")
+        if value in values:
+            raise ConfigError(f"{what}: {value:g} is given twice in {text!r}")
         values.append(value)
     return tuple(values)
 
@@ -108,11 +111,13 @@ def load_policy_config(path: str | Path, policies: tuple[str, ...]) -> dict[str,
     allowed (one file can serve several runs) but must be registered names."""
     where = f"--policy-config {path}"
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: invalid YAML{yaml_error_detail(exc)}") from None
+    try:  # the workflow loader's guards: repeated keys, deep nesting, invalid YAML
+        data = load_yaml_data(text)
+    except WorkflowError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import reprlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -31,8 +32,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..errors import ConfigError
-from ..workflow import RoundPlan, TaskPlan, Workflow, builtin_workflows, load_workflow
-from .trace_dag import chain_workflows, with_prefixes
+from ..workflow import DEFAULT_LIMITS, RoundPlan, TaskPlan, Workflow, builtin_workflows, load_workflow
+from .protocol import LIMITS
+from .trace_dag import chain_workflows, stage_order, with_prefixes
+
+# Largest |t_submit| / |t_done|, seconds. Unix time is 1.7e9 and stays below this until the
+# year 5138; beyond it float64 spacing (>= 1.5e-5 s, 16384 s at 1e20) swallows step times
+# and gaps, and a value that large is a unit error (milliseconds or nanoseconds) anyway.
+MAX_TIMESTAMP_S = 1e11
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +79,8 @@ def _field(obj: dict, key: str) -> Any:
         return value
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"field '{key}': expected a finite number, got {value!r}")
+    if abs(value) > MAX_TIMESTAMP_S:
+        raise ValueError(f"field '{key}': expected seconds within +-{MAX_TIMESTAMP_S:g}, got {value!r}")
     return float(value)
 
 
@@ -105,6 +114,17 @@ def write_trace_record(out: TextIO, record: TraceRecord | None = None, **fields:
     return record
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads hook: a key given twice is an error (json keeps the last one silently, so
+    `"task_id": "t1", "task_id": "t2"` replayed as task t2)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {reprlib.repr(key)}")
+        out[key] = value
+    return out
+
+
 def read_records(path: str | Path) -> list[tuple[int, TraceRecord]]:
     """All records with their 1-based line numbers; blank lines are skipped."""
     try:
@@ -116,9 +136,11 @@ def read_records(path: str | Path) -> list[tuple[int, TraceRecord]]:
         if not line.strip():
             continue
         try:
-            records.append((n, parse_record(json.loads(line))))
+            records.append((n, parse_record(json.loads(line, object_pairs_hook=_unique_keys))))
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}:{n}: invalid JSON: {exc.msg}") from None
+        except RecursionError:  # json's decoder recurses once per level of nesting
+            raise ConfigError(f"{path}:{n}: invalid JSON: nested too deeply") from None
         except ValueError as exc:
             raise ConfigError(f"{path}:{n}: {exc}") from None
     if not records:
@@ -181,13 +203,51 @@ def _build_workflows(path: str | Path, records: list[tuple[int, TraceRecord]],
                                       f"{missing} of workflow '{name}'")
                 out[task_id] = wf
         else:
+            _check_tool_waits(path, name or "unlabelled", ids, tasks)
             out.update(chain_workflows(path, name or "unlabelled", ids, tasks))
     return out
 
 
+def _check_tool_waits(path: str | Path, name: str, task_ids: Sequence[str],
+                      tasks: dict[str, dict[str, list]]) -> None:
+    """A rebuilt chain waits, between a stage's rounds, the mean recorded gap (t_done to the
+    next round's t_submit) of the tasks with its stage sequence (trace_dag._chain_spec). A
+    mean over the workflow limit is refused here, naming the records: the workflow check
+    named a field the trace does not have ("stages[0] (s1).tool_wait_s")."""
+    limit = DEFAULT_LIMITS.max_tool_wait_s
+    variants: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for task_id in task_ids:
+        variants[stage_order(tasks[task_id])].append(task_id)
+    for order, ids in variants.items():
+        for stage in order:
+            gaps = [(rows[r + 1][0], max(0.0, rows[r + 1][1].t_submit - rows[r][1].t_done))
+                    for rows in (tasks[t][stage] for t in ids) for r in range(len(rows) - 1)]
+            mean = sum(g for _, g in gaps) / len(gaps) if gaps else 0.0
+            if mean > limit:
+                line = max(gaps, key=lambda lg: lg[1])[0]  # the widest gap ends at this record
+                raise ConfigError(f"{path}:{line}: stage '{stage}' of workflow '{name}': its rounds are "
+                                  f"{mean:g} s apart on average (t_done to the next round's t_submit), "
+                                  f"over the {limit:g} s a tool wait may take")
+
+
+def _check_arrival_rate(path: str | Path, plans: Sequence[TaskPlan]) -> None:
+    """The recorded arrivals' rate, (tasks - 1) / span as the bench reports it, within the
+    lower bound of `--rate` (LIMITS.rate, the same float-rounding reason): arrivals 1e20 s
+    apart ran "at 1e-20 tasks/s" and reported a JCT below the lower bound."""
+    span = plans[-1].arrival_s - plans[0].arrival_s if plans else 0.0
+    if len(plans) < 2 or span <= 0:
+        return
+    rate, low = (len(plans) - 1) / span, LIMITS.rate[0]
+    if rate < low:
+        raise ConfigError(f"{path}: its {len(plans)} tasks arrive over {span:g} s, a rate of {rate:.3g} "
+                          f"tasks/s, below the supported {low:g} (give --rate or --load to redraw arrivals)")
+
+
 def load_trace(path: str | Path, *, rate: float | None = None, seed: int = 0,
-               max_tasks: int | None = None) -> tuple[TaskPlan, ...]:
-    """Rebuild the recorded tasks as TaskPlans, in arrival order (module docstring)."""
+               max_tasks: int | None = None, redrawn: bool = False) -> tuple[TaskPlan, ...]:
+    """Rebuild the recorded tasks as TaskPlans, in arrival order (module docstring). Unless
+    `rate` is given or the caller redraws arrivals itself (`redrawn`), the recorded arrivals
+    are replayed and so must have a supported rate (LIMITS.rate)."""
     records = read_records(path)
     tasks = _group_rounds(path, records)
     workflows = _build_workflows(path, records, tasks)
@@ -203,6 +263,8 @@ def load_trace(path: str | Path, *, rate: float | None = None, seed: int = 0,
     plans.sort(key=lambda p: (p.arrival_s, p.task_id))
     if max_tasks is not None:
         plans = plans[:max_tasks]
+    if rate is None and not redrawn:
+        _check_arrival_rate(path, plans)
     return redraw_arrivals(plans, rate, seed) if rate is not None else tuple(plans)
 
 

@@ -27,7 +27,7 @@ def with_prefixes(wf: Workflow, rows: Sequence[tuple[int, Any]]) -> Workflow:
     return dataclasses.replace(wf, agents=agents)
 
 
-def _stage_order(stages: dict[str, list]) -> tuple[str, ...]:
+def stage_order(stages: dict[str, list]) -> tuple[str, ...]:
     """A task's stages in the order their first record appears in the file."""
     return tuple(sorted(stages, key=lambda s: min(n for n, _ in stages[s])))
 
@@ -76,7 +76,7 @@ def chain_workflows(path: str | Path, name: str, task_ids: Sequence[str],
             if len(agents) > 1:
                 raise ConfigError(f"{path}:{rows[0][0]}: task '{task_id}' stage '{stage}' is run by "
                                   f"several agents {sorted(agents)}")
-        variants.setdefault(_stage_order(stages), []).append(task_id)
+        variants.setdefault(stage_order(stages), []).append(task_id)
     out: dict[str, Workflow] = {}
     for k, (order, ids) in enumerate(variants.items()):
         wf_name = name if k == 0 else f"{name}#{k + 1}"

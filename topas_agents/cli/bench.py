@@ -236,7 +236,9 @@ def _config(args: argparse.Namespace) -> Any:
                   host_tier=args.host_tier, policy_options=args.policy_options, check=args.check,
                   task_jcts=args.task_jcts)
     if args.trace:
-        recorded = load_trace(args.trace)
+        # --tasks cuts the trace before its arrival rate is checked (the run replays that
+        # many); --rate/--load redraw the arrivals, so the recorded ones are not checked.
+        recorded = load_trace(args.trace, max_tasks=args.tasks, redrawn=bool(args.rate or args.load))
         return BenchConfig(recorded=recorded, workload=Path(args.trace).name,
                            tasks=args.tasks or len(recorded), **common)
     return BenchConfig(workflow=load_workflow(args.workload), tasks=args.tasks or 100, **common)
@@ -272,6 +274,26 @@ def _write_timelines(args: argparse.Namespace, config: Any) -> None:
     print(f"timelines: {len(paths)} files in {args.timeline}", file=sys.stderr)
 
 
+def _check_sources(args: argparse.Namespace) -> None:
+    """An empty --workload/--trace path is named as such (it read as not given, so the error
+    asked for one of them)."""
+    for flag, value in (("--workload", args.workload), ("--trace", args.trace)):
+        if value is not None and not value.strip():
+            raise ConfigError(f"{flag}: empty path")
+
+
+def _check_plot_format(path: Path) -> None:
+    """The plot's format is one matplotlib writes (it is chosen by the suffix): an
+    unsupported one failed only after the whole run."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix.removeprefix(".").lower()
+    if suffix not in formats:
+        raise ConfigError(f"--plot {path}: format '{suffix}' is not supported "
+                          f"(supported: {', '.join(sorted(formats))})")
+
+
 def _check_outputs(args: argparse.Namespace) -> None:
     """Every output path before the run (a run can take hours; failing after it loses it)."""
     check_output("--json", args.json)
@@ -280,6 +302,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
         args.plot = str(figure_path(args.plot))  # the file that will be written is the one checked
     check_output("--plot", args.plot)
+    if args.plot:
+        _check_plot_format(Path(args.plot))
     check_output("--timeline", args.timeline, "dir")
     if args.suite:
         check_output("--worst-dir", args.worst_dir, "dir")
@@ -288,6 +312,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..cluster.cli import check_cluster_flags
 
+    _check_sources(args)
     _check_timeline(args)
     check_cluster_flags(args)
     check_mode_flags(args)

@@ -35,8 +35,10 @@ import argparse
 import asyncio
 import dataclasses
 import math
+import os
 import random
 import statistics
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +56,7 @@ REPEATS = 3  # prefill keeps the minimum (least disturbed); decode and bursts th
 CALL_PROBES = 9  # sequential minimal calls, reported beside the burst estimate
 CALL_PROBE_WORDS = 8  # prompt of a minimal call: model time is then close to one batch-1 step
 CALL_BURST = 16  # concurrent minimal calls per burst (fewer if the KV pool is small)
+PROFILE_SUFFIXES = (".yaml", ".yml")  # what `load_profile` reads as a file, not a built-in name
 
 
 class CallBurst(NamedTuple):
@@ -78,7 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--server", required=True, metavar="URL", help="OpenAI base URL (…/v1)")
     p.add_argument("--model", type=model_name, default=None, help="model id (default: the server's first /v1/models entry)")
     p.add_argument("--out", required=True, metavar="PROFILE.yaml")
-    p.add_argument("--name", default=None, help="profile name (default: the output file's stem)")
+    p.add_argument("--name", type=model_name, default=None, help="profile name (default: the output file's stem)")
     p.add_argument("--base-profile", default=DEFAULT_PROFILE, help="profile supplying unmeasured fields")
     p.add_argument("--kv-budget", type=positive_int, default=None,
                    help="KV budget tokens if the server cannot report it")
@@ -215,8 +218,40 @@ def write_profile(out: Path, profile: Profile, url: str, base_name: str, prefill
               f"copied from {base_name} (not measurable over HTTP): kv_bytes_per_token, hbm_bytes_per_s, "
               "attn_flops_per_token_pair, attn_flops_per_s, swap_bytes_per_s, host_tier"]
     body = yaml.safe_dump(dataclasses.asdict(profile), sort_keys=False)
-    out.write_text("".join(f"# {line}\n" for line in header) + body)
-    load_profile(out)  # what we wrote must load
+    _write_checked(out, "".join(f"# {line}\n" for line in header) + body)
+
+
+def _write_checked(out: Path, text: str) -> None:
+    """Write `text` to `out` only if it loads as a profile: it goes to a temporary file beside
+    `out` first (same suffix, so `load_profile` reads it as a file), which replaces `out` once
+    it loads and is removed otherwise (a failed command leaves no file, and keeps an older one)."""
+    fd, name = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=out.suffix, dir=out.parent)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is not what a plain write gives
+        load_profile(tmp)  # what we wrote must load
+        os.replace(tmp, out)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace(str(tmp), str(out))) from None
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+def check_profile_out(path: str) -> None:
+    """`--out` names a profile file: `load_profile` reads only .yaml/.yml paths as files (any
+    other was taken for a built-in name after the whole measurement, leaving the file)."""
+    if Path(path).suffix not in PROFILE_SUFFIXES:
+        raise ConfigError(f"--out {path}: a profile file must end in {' or '.join(PROFILE_SUFFIXES)}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -224,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
 
     url = args.server.rstrip("/")
     check_output("--out", args.out)  # before minutes of measuring, not after
+    check_profile_out(args.out)
     base = load_profile(args.base_profile)
     from ..realbench.client import first_model_id
 

@@ -21,7 +21,7 @@ from ..bench.protocol import ABLATION_POLICIES, ABLATION_RATE, ABLATION_WORKLOAD
 from ..costmodel import DEFAULT_PROFILE, load_profile
 from ..errors import ConfigError
 from ..policies import BASELINES, PEERS
-from .args import positive_int
+from .args import check_output, positive_int
 
 WORKLOADS = ("chain3", "dag4", "dag10wide", "metagpt-sop", "metagpt-tl")
 PROTOCOL = PROTOCOLS["paper"]
@@ -69,15 +69,50 @@ def _available(names: tuple[str, ...], explicit: bool) -> tuple[tuple[str, ...],
     return tuple(ok), tuple(missing)
 
 
-def _prepare_out(out: Path) -> Path:
+def _results_dir(out: Path) -> Path:
+    """Where the JSON and plots go: a results/ folder next to the page. Checked before the
+    runs: a page that is (or would be) that folder failed only after all of them."""
     results = out.parent / "results"
+    if out.is_dir():
+        raise ConfigError(f"--out {out}: is a directory")
+    if out == results:
+        raise ConfigError(f"--out {out}: the page cannot be the results folder it writes beside it")
+    return results
+
+
+def _make_dir(results: Path, out: Path) -> Path | None:
+    """Create `results` (and its missing parents); returns the topmost folder created, for
+    `_remove_if_empty` after a failed run (None if it all existed)."""
+    created = next((d for d in reversed((results, *results.parents)) if not d.exists()), None)
     try:
-        if out.is_dir():
-            raise ConfigError(f"--out {out}: is a directory")
         results.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--out {out}: cannot create {results}: {exc.strerror or exc}") from None
-    return results
+    return created
+
+
+def _remove_if_empty(top: Path | None, results: Path) -> None:
+    """Undo `_make_dir` after a failed run: the folders it created, if nothing was written."""
+    if top is None:
+        return
+    for d in (results, *results.parents):
+        try:
+            d.rmdir()  # only an empty folder goes
+        except OSError:
+            return
+        if d == top:
+            return
+
+
+def _names(text: str, flag: str) -> list[str]:
+    """A comma-separated list without blanks or repeats (a repeat ran and was reported twice)."""
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise ConfigError(f"{flag}: empty name in {text!r}")
+    dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if dup is not None:
+        raise ConfigError(f"{flag}: '{dup}' given twice")
+    return names
 
 
 def _plan(args: argparse.Namespace) -> dict[str, Any]:
@@ -86,27 +121,39 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
 
     names = parse_policy_list(args.policies) if args.policies else DEFAULT_POLICIES
     policies, missing = _available(names, explicit=bool(args.policies))
-    setups = [s.strip() for s in args.setups.split(",")]
+    setups = _names(args.setups, "--setups")
     for s in setups:
         if s not in SETUPS:
             raise ConfigError(f"--setups: expected all and/or paper, got {s!r}")
     seeds = parse_seed_list(args.seeds) if args.seeds else (QUICK_SEEDS if args.quick else PROTOCOL.seeds)
     ablation = () if args.no_ablation else _available(ABLATION_POLICIES, explicit=False)[0]
-    return {"workflows": [load_workflow(w.strip()) for w in args.workloads.split(",")], "policies": policies,
+    return {"workflows": [load_workflow(w) for w in _names(args.workloads, "--workloads")], "policies": policies,
             "missing": missing, "setups": setups, "seeds": seeds, "ablation": ablation,
             "tasks": args.tasks or (QUICK_TASKS if args.quick else PROTOCOL.tasks)}
 
 
 def run(args: argparse.Namespace) -> int:
+    plan = _plan(args)
+    profile, out = load_profile(args.profile), Path(args.out)
+    results_dir = _results_dir(out)
+    created = _make_dir(results_dir, out)
+    try:
+        check_output("--out", out)  # the page itself, before the runs (now that its folder exists)
+        _run_plan(args, plan, profile, out, results_dir)
+    except BaseException:  # an interrupted or failed run leaves no empty folders behind
+        _remove_if_empty(created, results_dir)
+        raise
+    return 0
+
+
+def _run_plan(args: argparse.Namespace, plan: dict[str, Any], profile: Any, out: Path, results_dir: Path) -> None:
     from dataclasses import replace
 
     from ..bench.report import plot_result
     from ..bench.results_page import Entry, render_page
     from ..bench.runner import BenchConfig, run_many, seeds_document
 
-    plan = _plan(args)
-    profile, seeds, out = load_profile(args.profile), plan["seeds"], Path(args.out)
-    results_dir = _prepare_out(out)
+    seeds = plan["seeds"]
     if plan["missing"]:
         print(f"note: skipping unavailable policies: {', '.join(plan['missing'])}", file=sys.stderr)
     groups: list[tuple[str, str, BenchConfig]] = []  # (setup, stem, config at seed 0)
@@ -139,7 +186,6 @@ def run(args: argparse.Namespace) -> int:
                        ablation=ablation)
     _write(out, page)
     print(f"wrote {out} and {results_dir}/*.json, *.png")
-    return 0
 
 
 def _write(path: Path, text: str) -> None:

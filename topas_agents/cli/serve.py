@@ -56,6 +56,34 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+# Flags one engine reads and the other ignores (given in the wrong mode they did nothing, so
+# the server started as if they were not given): flag -> (argparse dest, the engine that reads it).
+ENGINE_ONLY = {
+    "--time-scale": ("time_scale", "sim"),
+    "--responder": ("responder", "sim"),
+    "--replay-file": ("replay_file", "sim"),
+    "--decision-log": ("decision_log", "sglang"),
+    "--model-path": ("model_path", "sglang"),
+}
+
+
+def _given(args: argparse.Namespace, flag: str, dest: str) -> bool:
+    """Whether `flag` was given: `args.given` (cli.args.given_options) when `main` set it, else
+    a value other than the default None (a Namespace built by a test)."""
+    given = getattr(args, "given", None)
+    return flag in given if given is not None else getattr(args, dest, None) is not None
+
+
+def check_mode_flags(args: argparse.Namespace) -> None:
+    """ConfigError for a flag the chosen engine or responder does not read (as `topas bench`'s
+    check_mode_flags): it would be a silent no-op."""
+    for flag, (dest, engine) in ENGINE_ONLY.items():
+        if args.engine != engine and _given(args, flag, dest):
+            raise ConfigError(f"{flag} applies to --engine {engine} only (this is --engine {args.engine})")
+    if args.replay_file is not None and args.responder != "replay":
+        raise ConfigError(f"--replay-file applies to --responder replay only (this is --responder {args.responder})")
+
+
 def _run_sglang(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         launch = importlib.import_module("topas_agents.server.sglang.launch")
@@ -77,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     extra = list(args.extra_argv or [])
     if extra and extra[0] == "--":
         extra = extra[1:]
+    check_mode_flags(args)
     if args.replicas > 1:  # N replicas behind smg and the Topas front (docs/cluster.md)
         from ..server.cluster.cli import serve_from_args
 

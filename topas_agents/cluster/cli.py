@@ -50,7 +50,14 @@ def _routers(text: str) -> tuple[str, ...]:
     bad = [v for v in values if v not in ROUTERS]
     if not values or bad:
         raise argparse.ArgumentTypeError(f"routers are {', '.join(ROUTERS)}; got {text!r}")
+    _refuse_repeats(values, "a router", text)  # was dropped silently
     return values
+
+
+def _refuse_repeats(values: tuple[Any, ...], what: str, text: str) -> None:
+    """As --seeds: a value given twice would run (or be dropped) without a word."""
+    if len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"{what} is given twice in {text!r}")
 
 
 def _pairs(text: str) -> tuple[tuple[str, str], ...]:
@@ -60,6 +67,7 @@ def _pairs(text: str) -> tuple[tuple[str, str], ...]:
         if not sep or router not in ROUTERS:
             raise argparse.ArgumentTypeError(f"expected POLICY+ROUTER (routers: {', '.join(ROUTERS)}), got {item!r}")
         out.append((policy, router))
+    _refuse_repeats(tuple(out), "a POLICY+ROUTER pair", text)  # each pair ran twice
     return tuple(out)
 
 

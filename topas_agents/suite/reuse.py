@@ -39,6 +39,8 @@ def _read(path: Path) -> dict[str, Any]:
         raise ConfigError(f"--reuse {path}: cannot read it ({exc.strerror or exc})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--reuse {path}: not JSON ({exc})") from None
+    except RecursionError:  # json's decoder recurses once per level of nesting
+        raise ConfigError(f"--reuse {path}: not a suite JSON (nested too deeply)") from None
     if not isinstance(doc, dict) or doc.get("suite") != "random" or not isinstance(doc.get("workflows"), list):
         raise ConfigError(f"--reuse {path}: not a random-suite JSON (topas bench --suite random --json)")
     return doc

@@ -1,0 +1,171 @@
+"""Bad input to the CLI refused in one line, exit 2, before any work and leaving no file:
+profiles, policy configs, traces, repeated list values, output suffixes and mode flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from topas_agents.cli import main
+from topas_agents.costmodel import _PROFILE_DIR, DEFAULT_PROFILE
+
+BASE_PROFILE = (_PROFILE_DIR / f"{DEFAULT_PROFILE}.yaml").read_text()
+DEEP = "[" * 3000 + "]" * 3000
+
+
+def _record(**over) -> dict:
+    rec = {"task_id": "t1", "workflow": None, "stage": "s1", "agent": "a", "prefix_tokens": 100,
+           "input_tokens": 10, "output_tokens": 10, "t_submit": 0.0, "t_done": 1.0, "round": 0}
+    return rec | over
+
+
+def _trace(tmp_path: Path, lines: list[str]) -> str:
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _fails(argv: list[str], capsys, message: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert message in err, err
+
+
+def _profile(tmp_path: Path, text: str | bytes | None) -> str:
+    path = tmp_path / "p.yaml"
+    if text is None:
+        path.mkdir()
+    elif isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return str(path)
+
+
+def _field(name: str, value: str) -> str:
+    lines = BASE_PROFILE.splitlines()
+    return "\n".join(f"{name}: {value}" if line.startswith(f"{name}:") else line for line in lines) + "\n"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("name: [\n", "invalid YAML at line"),
+    (bytes(range(128, 256)), "cannot read profile file"),
+    (None, "cannot read profile file"),
+    (DEEP, "nested deeper"),
+    (BASE_PROFILE + "tm_s: 0.05\n", "duplicate key 'tm_s'"),
+    (_field("kv_budget_tokens", "17500.5"), "field 'kv_budget_tokens' must be an integer"),
+    (_field("kv_budget_tokens", "true"), "field 'kv_budget_tokens' must be an integer"),
+    (_field("name", "''"), "field 'name' must be a non-empty string"),
+    (_field("tm_s", "1e308"), "tm_s must be at most 10 s"),
+])
+def test_bad_profile_file(tmp_path, capsys, text, message):
+    prof = _profile(tmp_path, text)
+    _fails(["bench", "--workload", "chain3", "--policies", "fcfs", "--tasks", "2", "--profile", prof],
+           capsys, message)
+    _fails(["docs", "--quick", "--profile", prof, "--out", str(tmp_path / "d" / "r.md")], capsys, message)
+    assert not (tmp_path / "d").exists()  # nothing created for a run that never started
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (DEEP, "nested deeper"),
+    ("topas: {beta: 1}\ntopas: {beta: 2}\n", "duplicate key 'topas'"),
+])
+def test_bad_policy_config(tmp_path, capsys, text, message):
+    path = tmp_path / "pc.yaml"
+    path.write_text(text)
+    _fails(["bench", "--workload", "chain3", "--policies", "topas", "--tasks", "2", "--policy-config", str(path)],
+           capsys, message)
+
+
+@pytest.mark.parametrize(("lines", "message"), [
+    (["[" * 100_000 + "]" * 100_000], ":1: invalid JSON: nested too deeply"),
+    (['{"task_id": "t1", ' + json.dumps(_record())[1:]], ":1: duplicate key 'task_id'"),
+    # arrivals 1e20 s apart: replayed "at 1e-20 tasks/s" with a JCT below the lower bound
+    ([json.dumps(_record()), json.dumps(_record(task_id="t2", t_submit=1e20, t_done=1e20))],
+     "field 't_submit': expected seconds within"),
+    ([json.dumps(_record()), json.dumps(_record(task_id="t2", t_submit=1e9, t_done=1e9 + 1))],
+     "a rate of 1e-09 tasks/s, below the supported 0.0001"),
+    # a tool gap over the limit was reported as a workflow field the trace does not have
+    ([json.dumps(_record()), json.dumps(_record(round=1, t_submit=10_000.0, t_done=10_001.0))],
+     "t.jsonl:2: stage 's1' of workflow 'unlabelled': its rounds are 9999 s apart"),
+])
+def test_bad_trace(tmp_path, capsys, lines, message):
+    _fails(["bench", "--trace", _trace(tmp_path, lines), "--policies", "fcfs"], capsys, message)
+
+
+def test_far_arrivals_replay_when_redrawn(tmp_path, capsys):
+    lines = [json.dumps(_record()), json.dumps(_record(task_id="t2", t_submit=1e9, t_done=1e9 + 1))]
+    assert main(["bench", "--trace", _trace(tmp_path, lines), "--policies", "fcfs", "--rate", "0.1"]) == 0
+
+
+def test_empty_trace_path_is_named(capsys):
+    _fails(["bench", "--trace", "", "--policies", "fcfs"], capsys, "--trace: empty path")
+
+
+def test_suite_reuse_deep_json(tmp_path, capsys):
+    reuse = tmp_path / "r.json"
+    reuse.write_text("[" * 100_000 + "]" * 100_000)
+    _fails(["bench", "--suite", "random", "--workflows", "1", "--tasks", "5", "--reuse", str(reuse),
+            "--worst-dir", str(tmp_path / "w")], capsys, "nested too deeply")
+
+
+def test_plot_format_checked_before_the_run(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    _fails(["bench", "--workload", "chain3", "--policies", "fcfs", "--tasks", "2", "--plot",
+            str(tmp_path / "x.txt")], capsys, "format 'txt' is not supported")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["bench", "--workload", "chain3", "--load", "0.3,0.3"], "0.3 is given twice"),
+    (["bench", "--workload", "chain3", "--rate", "0.1,0.1"], "0.1 is given twice"),
+    (["bench", "--workload", "chain3", "--replicas", "2", "--scaling", "fcfs+task,fcfs+task"],
+     "a POLICY+ROUTER pair is given twice"),
+    (["bench", "--workload", "chain3", "--replicas", "2", "--router", "task,task"], "a router is given twice"),
+    (["docs", "--workloads", "chain3,chain3"], "--workloads: 'chain3' given twice"),
+    (["serve", "--replay-file", "nosuch.jsonl"], "--replay-file applies to --responder replay only"),
+    (["serve", "--decision-log", "d.jsonl"], "--decision-log applies to --engine sglang only"),
+])
+def test_repeats_and_idle_flags(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("topas_agents.server.runner.run_server", lambda cfg: 0)  # a serve that starts: rc 0
+    _fails(argv, capsys, message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_calibrate_out_suffix_checked_first(tmp_path, capsys):
+    out = tmp_path / "cal_out.txt"
+    # an unreachable server: the suffix must be refused before any measuring
+    _fails(["calibrate", "--server", "http://127.0.0.1:9/v1", "--out", str(out), "--kv-budget", "100"],
+           capsys, "a profile file must end in .yaml or .yml")
+    assert not out.exists()
+
+
+def test_calibrate_writes_nothing_when_the_profile_does_not_load(tmp_path):
+    from topas_agents.cli.calibrate import write_profile
+    from topas_agents.costmodel import load_profile
+    from topas_agents.errors import ConfigError
+
+    out = tmp_path / "slow.yaml"
+    out.write_text("old")
+    slow = dataclasses.replace(load_profile(), tm_s=99.0)
+    with pytest.raises(ConfigError, match=f"{out}: tm_s must be at most"):
+        write_profile(out, slow, "http://x/v1", "base", [(1, 0.1)], [(1, 0.1)])
+    assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["slow.yaml"]
+
+
+def test_docs_failed_run_leaves_no_empty_folder(tmp_path, capsys, monkeypatch):
+    from topas_agents.errors import ConfigError
+
+    def fail(*args, **kwargs):
+        raise ConfigError("simulated failure")
+
+    monkeypatch.setattr("topas_agents.bench.runner.run_many", fail)
+    assert main(["docs", "--quick", "--workloads", "chain3", "--no-ablation", "--policies", "fcfs",
+                 "--out", str(tmp_path / "site" / "r.md")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "error: simulated failure"
+    assert list(tmp_path.iterdir()) == []
+    _fails(["docs", "--out", str(tmp_path / "results")], capsys, "cannot be the results folder")
