@@ -1,4 +1,4 @@
-"""Session 38 regressions: bad input to the HTTP server gets a clear 4xx (never a 500, a false
+"""Bad input to the HTTP server gets a clear 4xx (never a 500, a false
 success, or a held event loop): linear `[CONTENT]` matching, bounded schema literals, huge
 schema bounds, honest cut tool calls, uploads held to the KV budget and to a few worker
 threads, strict UTF-8 uploads, the right `param` for over-budget calls, tenant names."""

@@ -1,4 +1,4 @@
-"""Session 38 regressions in workflow parsing: `after` accepts only what means dependencies,
+"""Workflow parsing bounds: `after` accepts only what means dependencies,
 and duplicate stages or too many edges are refused as the stages are read, before an aliased
 `after` list is scanned again for every stage."""
 
