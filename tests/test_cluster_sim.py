@@ -156,3 +156,10 @@ def test_serve_cli_replica_args():
     assert args.replicas == 3 and args.router_policy == "cache_aware"
     assert replica_serve_args(args) == ("--policy", "topas", "--time-scale", "5.0",
                                          "--workflow", "chain3", "--workflow", "diamond")
+    # an SGLang replica gets no sim-only option (topas serve refuses them there), and the
+    # sglang-only ones reach it
+    sglang = argparse.Namespace(**{**vars(args), "engine": "sglang", "model_path": "/m", "decision_log": "d.jsonl"})
+    assert replica_serve_args(sglang) == ("--policy", "topas", "--model-path", "/m", "--decision-log", "d.jsonl",
+                                          "--workflow", "chain3", "--workflow", "diamond")
+    sim = argparse.Namespace(**{**vars(sglang), "engine": "sim"})
+    assert "--model-path" not in replica_serve_args(sim) and "--time-scale" in replica_serve_args(sim)

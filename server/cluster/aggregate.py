@@ -109,17 +109,47 @@ def aggregate_stats(answers: Sequence[ReplicaAnswer]) -> dict[str, Any]:
 
 def pick_owner_answer(answers: Sequence[ReplicaAnswer]) -> tuple[int, dict[str, Any]]:
     """A fanned-out task/stage `done`: the owners answer 2xx, the others 404. Status and body
-    for the client: the first 2xx; else the first non-404 error; else 404 (no replica knows it)."""
+    for the client: the first 2xx; else the first non-404 error (an owner's refusal, such as
+    409 for a closed task); else, if some replica did not answer, 502: the outcome is unknown,
+    since the silent replica may own the task and close it once it answers (a hung owner did);
+    else 404 (every replica answered and none knows the task)."""
     summary = [a.brief() for a in answers]
     for group in ([a for a in answers if a.ok],
-                  [a for a in answers if a.status is not None and a.status != 404],
-                  [a for a in answers if a.status == 404]):
+                  [a for a in answers if a.status is not None and a.status != 404]):
         if group:
-            first = group[0]
-            body = dict(first.body) if isinstance(first.body, Mapping) else {"detail": first.body}
-            return int(first.status or 502), {**body, "replicas": summary}
-    return 502, {"error": {"message": "no replica answered", "type": "server_error", "param": None,
-                           "code": None}, "replicas": summary}
+            return _relayed(group[0], summary)
+    silent = [a.url for a in answers if a.status is None]
+    if silent:
+        known = "no replica that answered knows the task" if len(silent) < len(answers) else "no replica answered"
+        return 502, _server_error(f"outcome unknown: {known}, and {', '.join(silent)} did not answer "
+                                  "(the task may be theirs); retry once they answer", summary)
+    return _relayed(answers[0], summary)
+
+
+def _relayed(answer: ReplicaAnswer, summary: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """One replica's answer as the front's, with every replica's status listed."""
+    body = dict(answer.body) if isinstance(answer.body, Mapping) else {"detail": answer.body}
+    return int(answer.status or 502), {**body, "replicas": summary}
+
+
+def _server_error(message: str, summary: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": None},
+            "replicas": summary}
+
+
+def no_replica_served(answers: Sequence[ReplicaAnswer], what: str) -> tuple[int, dict[str, Any]] | None:
+    """503 for a fanned-out read that no replica served (down, hung or 5xx): an empty
+    aggregate would read as a real answer ("no workflows", "no samples"). None otherwise."""
+    if any(a.ok for a in answers):
+        return None
+    summary = [a.brief() for a in answers]
+    return 503, {"error": {"message": f"no replica answered {what}: see replicas", "type": "service_unavailable",
+                           "param": None, "code": None}, "replicas": summary}
+
+
+def missing_replicas(answers: Sequence[ReplicaAnswer]) -> list[str]:
+    """The URLs of the replicas whose part is missing from a fanned-out read's aggregate."""
+    return [a.url for a in answers if not a.ok]
 
 
 def client_error(answers: Sequence[ReplicaAnswer]) -> tuple[int, dict[str, Any]] | None:
@@ -138,20 +168,40 @@ def client_error(answers: Sequence[ReplicaAnswer]) -> tuple[int, dict[str, Any]]
 
 
 def pick_registration_answer(answers: Sequence[ReplicaAnswer]) -> tuple[int, dict[str, Any]]:
-    """A fanned-out workflow registration: any 4xx wins (it is the same on every replica);
-    else 201 if any replica created it, 200 if all had it; unreachable replicas are listed."""
+    """A fanned-out workflow registration: a refusal (4xx/5xx) wins; else 201 if any replica
+    created it, 200 if all had it; unreachable replicas are listed (the front replays the
+    registration on them when they restart). A refusal next to acceptances is a split: the
+    replicas now disagree (one had another definition under the name), so the refusal's
+    message says which replicas took it and which refused (`registration_split`)."""
     summary = [a.brief() for a in answers]
-    for a in answers:
-        if a.status is not None and a.status >= 400:
-            body = dict(a.body) if isinstance(a.body, Mapping) else {"detail": a.body}
-            return a.status, {**body, "replicas": summary}
+    refused = [a for a in answers if a.status is not None and a.status >= 400]
     oks = [a for a in answers if a.ok]
+    if refused:
+        status, body = _relayed(refused[0], summary)
+        if oks:
+            body["error"] = {**_error_fields(body), "message": split_message(oks, refused, body)}
+            body["split"] = {"accepted": [a.url for a in oks], "refused": [a.url for a in refused]}
+        return status, body
     if not oks:
-        return 502, {"error": {"message": "no replica answered", "type": "server_error", "param": None,
-                               "code": None}, "replicas": summary}
+        return 502, _server_error("no replica answered", summary)
     body = dict(oks[0].body) if isinstance(oks[0].body, Mapping) else {}
     body["created"] = any(a.status == 201 for a in oks)
     return (201 if body["created"] else 200), {**body, "replicas": summary}
+
+
+def _error_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    err = body.get("error")
+    return dict(err) if isinstance(err, Mapping) else {"type": "conflict_error", "param": None, "code": None}
+
+
+def split_message(oks: Sequence[ReplicaAnswer], refused: Sequence[ReplicaAnswer], body: Mapping[str, Any]) -> str:
+    """What a split registration did, for the caller who must now fix it."""
+    reason = _error_fields(body).get("message") or body.get("detail") or "refused"
+    took = ", ".join(f"{a.url} ({a.status})" for a in oks)
+    refusers = ", ".join(f"{a.url} ({a.status})" for a in refused)
+    return (f"registration split across replicas: accepted by {took}; refused by {refusers}: {reason}. "
+            "The replicas now hold different workflows under this name; the front did not record "
+            "it, so a restarted replica does not get it back. Register it under a new name")
 
 
 def _with_replica(line: str, replica: int) -> str:
@@ -160,6 +210,19 @@ def _with_replica(line: str, replica: int) -> str:
         return f'{name}{{replica="{replica}",{rest}'
     metric, _, value = line.partition(" ")
     return f'{metric}{{replica="{replica}"}} {value}'
+
+
+# The per-replica "did the front get its metrics" sample, so that a scrape with a replica
+# missing says so (its other families simply have no samples for it).
+REPLICA_UP_FAMILY = "topas_replica_up"
+
+
+def replica_up_metric(texts: Sequence[str | None]) -> str:
+    """`topas_replica_up{replica="i"} 1|0`: 1 when replica i's metrics are in the scrape."""
+    lines = [f"# HELP {REPLICA_UP_FAMILY} 1 if the front got this replica's metrics, 0 if it did not answer.",
+             f"# TYPE {REPLICA_UP_FAMILY} gauge",
+             *(f'{REPLICA_UP_FAMILY}{{replica="{i}"}} {int(t is not None)}' for i, t in enumerate(texts, start=1))]
+    return "".join(f"{line}\n" for line in lines)
 
 
 def merge_metrics(texts: Sequence[str | None]) -> str:

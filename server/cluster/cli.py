@@ -41,13 +41,19 @@ def _opt(out: list[str], flag: str, value: object) -> None:
         out += [flag, str(value)]
 
 
+# Options only one engine reads (topas serve refuses them for the other): a replica gets them
+# only when it runs that engine; the sim ones have defaults, so they were always passed and
+# an SGLang replica refused to start.
+_ENGINE_ONLY = {"sim": (("--time-scale", "time_scale"), ("--responder", "responder"), ("--replay-file", "replay_file")),
+                "sglang": (("--model-path", "model_path"), ("--decision-log", "decision_log"))}
+
+
 def replica_serve_args(args: argparse.Namespace) -> tuple[str, ...]:
     """The `topas serve` options every replica gets (the launcher adds engine, host, port)."""
     out: list[str] = []
+    engine = getattr(args, "engine", "sim")
     for flag, name in (("--policy", "policy"), ("--profile", "profile"), ("--kv-budget", "kv_budget"),
-                       ("--time-scale", "time_scale"), ("--responder", "responder"),
-                       ("--replay-file", "replay_file"), ("--model-name", "model_name"),
-                       ("--model-path", "model_path"), ("--decision-log", "decision_log"),
+                       *_ENGINE_ONLY.get(engine, ()), ("--model-name", "model_name"),
                        ("--task-idle-timeout", "task_idle_timeout"), ("--drain-timeout", "drain_timeout"),
                        ("--log-level", "log_level")):
         _opt(out, flag, getattr(args, name, None))

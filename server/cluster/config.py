@@ -29,6 +29,26 @@ MAX_REPLICAS = 64
 
 # The header the front sets from the label; smg routes on it (--routing-key-headers).
 ROUTE_KEY_HEADER = "X-Topas-Route-Key"
+# smg flags the launcher sets that hold the cluster together (commands.smg_argv): where smg
+# listens, its replicas, its policy and the route-key header. A later --smg-arg would override
+# them (smg takes the last value) and the cluster failed only after the start-up timeout
+# ("smg not ready" after 61 s for --port), or routed without the key. The gateway's tunables
+# (GatewaySettings: retries, breaker, health probes, --log-level) may still be overridden.
+SMG_FLAGS_SET_BY_LAUNCHER = ("--host", "--port", "--prometheus-host", "--prometheus-port",
+                             "--worker-urls", "--policy", "--routing-key-headers")
+
+
+def smg_arg_problem(arg: str) -> str | None:
+    """Why an extra `smg launch` argument is refused, or None. smg's argparse also takes an
+    unambiguous prefix of a flag (--por for --port), so prefixes are refused too."""
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--") or len(name) < 4:
+        return None
+    taken = [flag for flag in SMG_FLAGS_SET_BY_LAUNCHER if flag.startswith(name)]
+    if not taken:
+        return None
+    return (f"--smg-arg {arg!r} would override {taken[0]}, which the launcher sets "
+            f"(the launcher sets {', '.join(SMG_FLAGS_SET_BY_LAUNCHER)}; use --port/--host/--router-policy)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +151,12 @@ class ClusterConfig:
                               f"got {self.router_policy!r}")
         if self.gpu_ids and len(self.gpu_ids) != self.replicas:
             raise ConfigError(f"give one GPU id per replica ({self.replicas}), got {len(self.gpu_ids)}")
+        for i, gpu in enumerate(self.gpu_ids, start=1):
+            if not gpu.strip():  # "," passed the count check and gave CUDA_VISIBLE_DEVICES=""
+                raise ConfigError(f"--gpu-ids: the GPU id of replica {i} is empty, got {','.join(self.gpu_ids)!r}")
+        for arg in self.extra_smg_args:
+            if (problem := smg_arg_problem(arg)) is not None:
+                raise ConfigError(problem)
         for name in ("startup_timeout_s", "stop_timeout_s", "control_timeout_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):

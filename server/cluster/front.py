@@ -29,22 +29,72 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from topas_agents.labels import BODY_KEY, header_fields
-from topas_agents.server.api_errors import ApiError
+from topas_agents.labels import _MAX_ID, BODY_KEY, header_fields, text_problem
+from topas_agents.server.api_errors import ApiError, bad_request
+from topas_agents.server.config import ServerConfig
 
 from .aggregate import (
     ReplicaAnswer,
     aggregate_stats,
     client_error,
     merge_metrics,
+    missing_replicas,
+    no_replica_served,
     pick_owner_answer,
     pick_registration_answer,
+    replica_up_metric,
 )
 from .config import KEYED_POLICIES, ROUTE_KEY_HEADER, ClusterConfig
 from .supervisor import Registration, RestartEvent
 
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
         "transfer-encoding", "upgrade", "host", "content-length"}
+# Set by the front's own HTTP server on every response: relayed from smg too, they came twice.
+_UPSTREAM_ONLY = {"date", "server"}
+
+# The replicas' body limits (ServerConfig; the launcher never changes them), enforced before
+# the body is read whole: a 200 MiB body grew the front to 820 MB before the replica's 413.
+_REPLICA_LIMITS = ServerConfig()
+MAX_CALL_BODY_BYTES = _REPLICA_LIMITS.max_body_bytes
+MAX_WORKFLOW_BODY_BYTES = _REPLICA_LIMITS.max_workflow_bytes
+# A label's text (task id, stage, agent) is at most this long (labels.py): the replicas refuse
+# longer labels, so no task has a longer id.
+MAX_LABEL_CHARS = _MAX_ID
+# The replicas' bound on `?calls=` (server/app.py `_calls_param`: 0..999999999): a longer value
+# is refused here with their message, not sent (70000 digits made a URL httpx refuses).
+MAX_CALLS_DIGITS = 9
+CALLS_PROBLEM = "'calls' must be an integer in 0..999999999"
+_DONE_PREFIX = b"/v1/topas/tasks/"
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413, as a replica words it) past `limit` bytes: first by its
+    Content-Length, then while it streams in, never holding more than `limit` bytes."""
+    length = request.headers.get("content-length", "")
+    # > 19 digits is past any limit (and int() of 4300+ digits raises)
+    if length.isascii() and length.isdigit() and (len(length) > 19 or int(length) > limit):
+        raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body larger than {limit} bytes")
+
+
+def parse_call_body(raw: bytes) -> Any:
+    """A chat/completion body as JSON, or the replica's 400 (same words) when it is not:
+    bad JSON or UTF-8, an int of over 4300 digits (ValueError), deep nesting (RecursionError),
+    which escaped as a plain-text 500 before."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(f"request body is not valid JSON: {str(exc)[:200]}") from None
 
 
 def lift_label(body: dict[str, Any], headers: Mapping[str, str]) -> Any:
@@ -60,17 +110,51 @@ def lift_label(body: dict[str, Any], headers: Mapping[str, str]) -> Any:
 
 
 def route_key_header(key: str) -> bytes:
-    """The route key as a header value smg can read (visible ASCII): a non-ASCII key, such as
-    the task id "café", percent-encoded as UTF-8 (any one-to-one spelling keeps a task's calls
-    together; an ASCII key is sent as it is)."""
-    return (key if key.isascii() else urllib.parse.quote(key, safe="")).encode("ascii")
+    """The route key as a header value smg can read (visible ASCII and inner spaces): every
+    other character, such as the "é" of the task id "café", percent-encoded as UTF-8 (any
+    one-to-one spelling keeps a task's calls together; a printable ASCII key is sent as it is,
+    so existing deployments route as before)."""
+    return "".join(c if " " <= c <= "~" else urllib.parse.quote(c.encode("utf-8", "surrogatepass"), safe="")
+                   for c in key).encode("ascii")
 
 
 def route_key(label: Any, policy: str) -> str | None:
+    """The label's task id or agent as the routing key; None when there is none or it is not
+    valid label text (a lone surrogate, a control character, surrounding whitespace, too
+    long): the replica refuses such a label with a 400 naming the field, while as a header it
+    failed before reaching it (a 500, a 502, smg's empty 400)."""
     if policy not in KEYED_POLICIES or not isinstance(label, Mapping):
         return None
     value = label.get("task_id" if policy == "task" else "agent")
-    return value if isinstance(value, str) and value else None
+    if not isinstance(value, str) or not value or len(value) > MAX_LABEL_CHARS or text_problem(value):
+        return None
+    return value
+
+
+def done_path(raw_path: bytes) -> tuple[str, str]:
+    """(replica path, task id) of `POST /v1/topas/tasks/{task}/done` or `.../{task}/stages/
+    {stage}/done`, split on the raw path as a replica splits it (server/app.py `done_target`)
+    and rebuilt from the parsed parts, each re-escaped: a raw `..` would otherwise be resolved
+    by httpx (`tasks/../../chat/completions` reached the replicas' chat endpoint), and an id
+    holding "/" (%2F) arrives whole. 404 for any other shape, as a replica answers."""
+    rest = raw_path.split(b"?", 1)[0]
+    parts = rest[len(_DONE_PREFIX):].split(b"/") if rest.startswith(_DONE_PREFIX) else []
+    raw = [urllib.parse.unquote_to_bytes(p) for p in parts]
+    text = [p.decode("utf-8", "replace") for p in raw]
+    if len(raw) == 2 and text[1] == "done" and text[0]:
+        segments = [_segment(raw[0]), "done"]
+    elif len(raw) == 4 and text[1] == "stages" and text[3] == "done" and text[0] and text[2]:
+        segments = [_segment(raw[0]), "stages", _segment(raw[2]), "done"]
+    else:
+        raise ApiError(404, "Not Found")
+    return _DONE_PREFIX.decode() + "/".join(segments), text[0]
+
+
+def _segment(part: bytes) -> str:
+    """One path segment, percent-escaped so that it stays one segment with these bytes: "/"
+    as %2F, and "." or ".." as %2E (httpx resolves literal dot segments)."""
+    escaped = urllib.parse.quote(part, safe="")
+    return escaped.replace(".", "%2E") if escaped in (".", "..") else escaped
 
 
 class Front:
@@ -109,6 +193,8 @@ class Front:
         try:
             r = await self.http.request(method, url + path, content=content, headers=headers,
                                         timeout=self.config.control_timeout_s)
+        except httpx.InvalidURL as exc:  # not an HTTPError: the request's URL, not the replica
+            raise bad_request(f"request URL cannot be forwarded: {exc} ({len(url + path)} characters)") from None
         except httpx.HTTPError as exc:
             return ReplicaAnswer(url, None, None, f"{type(exc).__name__}: {exc}")
         try:
@@ -130,16 +216,13 @@ class Front:
     # ------------------------------------------------------------------ data plane
 
     async def relay(self, request: Request) -> Response:
-        raw = await request.body()
+        raw = await read_body(request, MAX_CALL_BODY_BYTES)
         # the client's header bytes as they came: Starlette reads them as Latin-1 and httpx
         # would encode that text as ASCII, so a non-ASCII value (a UTF-8 X-Topas-Task-Id) was a 500
         drop = _HOP | {ROUTE_KEY_HEADER.lower()}
         headers = [(k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in drop]
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            body = None  # smg answers the 400
-        if isinstance(body, dict):
+        body = parse_call_body(raw)
+        if isinstance(body, dict):  # else (a list, a number) the replica answers the 400
             key = route_key(lift_label(body, request.headers), self.config.router_policy)
             if key is not None:
                 headers.append((ROUTE_KEY_HEADER.encode("ascii"), route_key_header(key)))
@@ -153,7 +236,7 @@ class Front:
             resp = await self.http.send(upstream, stream=True)
         except httpx.HTTPError as exc:
             return _error(502, f"gateway unreachable: {type(exc).__name__}: {exc}")
-        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP | _UPSTREAM_ONLY}
 
         async def body_iter() -> AsyncIterator[bytes]:
             try:
@@ -202,10 +285,14 @@ class Front:
 
     async def stats(self, request: Request) -> JSONResponse:
         calls = request.query_params.get("calls")
+        if calls is not None and len(calls.strip()) > MAX_CALLS_DIGITS:
+            raise bad_request(CALLS_PROBLEM, "calls")
         suffix = "?" + urllib.parse.urlencode({"calls": calls}) if calls is not None else ""
         answers = await self.fan_out(request, "GET", "/v1/topas/stats" + suffix)
         if (refused := _refused(answers)) is not None:  # e.g. ?calls=-1: their 400, not an empty view
             return refused
+        if (down := _none_served(answers, "/v1/topas/stats")) is not None:
+            return down
         view = aggregate_stats(answers)
         if request.query_params.get("full") in ("1", "true"):
             view["replica_stats"] = [a.body if a.ok else None for a in answers]
@@ -215,22 +302,31 @@ class Front:
         answers = await self.fan_out(request, "GET", "/metrics")
         if (refused := _refused(answers)) is not None:
             return refused
-        text = merge_metrics([a.body if a.ok and isinstance(a.body, str) else None for a in answers])
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+        if (down := _none_served(answers, "/metrics")) is not None:
+            return down
+        texts = [a.body if a.ok and isinstance(a.body, str) else None for a in answers]
+        return PlainTextResponse(replica_up_metric(texts) + merge_metrics(texts),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def list_workflows(self, request: Request) -> JSONResponse:
         answers = await self.fan_out(request, "GET", "/v1/topas/workflows")
         if (refused := _refused(answers)) is not None:
             return refused
+        if (down := _none_served(answers, "/v1/topas/workflows")) is not None:
+            return down
         names = sorted({n for a in answers if a.ok and isinstance(a.body, Mapping)
                         for n in a.body.get("workflows", [])})
-        return JSONResponse({"workflows": names, "replicas": [
+        # replicas_up as in /v1/topas/stats; replicas_missing: whose names may be missing here
+        return JSONResponse({"workflows": names, "replicas_up": sum(a.ok for a in answers),
+                             "replicas_missing": missing_replicas(answers), "replicas": [
             {**a.brief(), "workflows": a.body.get("workflows") if a.ok and isinstance(a.body, Mapping) else None}
             for a in answers]})
 
     async def add_workflow(self, request: Request) -> JSONResponse:
-        raw = await request.body()
+        raw = await read_body(request, MAX_WORKFLOW_BODY_BYTES)
         status, body = pick_registration_answer(await self.fan_out(request, "POST", "/v1/topas/workflows", raw))
+        # recorded (replayed on restarted replicas) only when no replica refused it: a split
+        # registration is not replayed (docs/cluster.md, "Control plane")
         if status in (200, 201):
             with self._lock:
                 self._registrations[Registration(raw, request.headers.get("authorization"))] = None
@@ -238,9 +334,18 @@ class Front:
 
     async def done(self, request: Request) -> JSONResponse:
         raw_path = request.scope.get("raw_path")  # keeps a task id's percent-escapes as sent
-        path = raw_path.decode("latin-1") if raw_path else request.url.path
+        path, task_id = done_path(raw_path or request.url.path.encode("utf-8", "surrogateescape"))
+        if len(task_id) > MAX_LABEL_CHARS:  # no replica has it (and 70000 characters overflowed httpx's URL limit)
+            raise ApiError(404, f"unknown task '{task_id[:300]}'", "task_id")  # a replica's words
         status, body = pick_owner_answer(await self.fan_out(request, "POST", path))
         return JSONResponse(body, status_code=status)
+
+    async def no_timeline(self, request: Request) -> JSONResponse:
+        """Timelines are recorded per replica (each engine its own); a merged one would mix
+        independent simulated clocks. Say where to read them instead of a generic 404."""
+        return _error(501, "the front does not merge timelines: each replica records its own; read "
+                      f"GET /v1/topas/timeline on a replica ({', '.join(self.config.replica_urls)}); "
+                      "see docs/timelines.md", "not_implemented")
 
     async def close(self) -> None:
         if self.client is not None:
@@ -252,6 +357,17 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     (server/app.py): an OpenAI-style body (405 keeps its Allow header)."""
     return JSONResponse(ApiError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code,
                         headers=exc.headers)
+
+
+async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    """A request the front itself refuses (413, a body that is not JSON, ...), in the replicas' words."""
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def _none_served(answers: Sequence[ReplicaAnswer], what: str) -> JSONResponse | None:
+    """503 when no replica served a fanned-out read (`no_replica_served`)."""
+    down = no_replica_served(answers, what)
+    return None if down is None else JSONResponse(down[1], status_code=down[0])
 
 
 def _refused(answers: Sequence[ReplicaAnswer]) -> JSONResponse | None:
@@ -291,11 +407,13 @@ def build_front(config: ClusterConfig) -> Starlette:
             ("/v1/topas/stats", front.stats, "GET"),
             ("/v1/topas/workflows", front.list_workflows, "GET"),
             ("/v1/topas/workflows", front.add_workflow, "POST"),
+            ("/v1/topas/timeline", front.no_timeline, "GET"),
             # task and stage done, forwarded on the raw path: the replicas split it
             # (server/app.py `done_target`), so an id holding "/" (%2F) arrives whole
             ("/v1/topas/tasks/{target:path}", front.done, "POST"),
         )
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error,
+                                                                           ApiError: _api_error})
     app.state.front = front
     return app
