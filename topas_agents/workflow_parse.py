@@ -255,7 +255,7 @@ def load_yaml_data(text: str, limits: WorkflowLimits = DEFAULT_LIMITS) -> Any:
     composer recurses without a guard and segfaults on deep nesting); WorkflowError on errors."""
     if text.lstrip()[:1] in ("{", "["):  # JSON (a subset of YAML) parses ~50x faster as JSON
         try:
-            return json.loads(text, object_pairs_hook=_unique_keys)
+            return json.loads(text, object_pairs_hook=unique_json_keys)
         except RecursionError:
             raise WorkflowError(f"nested deeper than {limits.max_depth} levels") from None
         except ValueError:  # flow-style YAML such as `{name: x}`, or a > 4300-digit integer
@@ -270,9 +270,10 @@ def load_yaml_data(text: str, limits: WorkflowLimits = DEFAULT_LIMITS) -> Any:
         raise WorkflowError(f"invalid YAML: {_clip(str(exc))}") from None
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def unique_json_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """json.loads hook: a repeated key is an error (JSON and YAML loaders keep the last one
-    silently, so `name: a ... name: b` registered `b`)."""
+    silently, so `name: a ... name: b` registered `b`). WorkflowError is a ValueError, so other
+    JSON readers (trace lines) catch it as one."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import reprlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -33,6 +32,7 @@ from typing import Any, TextIO
 
 from ..errors import ConfigError
 from ..workflow import DEFAULT_LIMITS, RoundPlan, TaskPlan, Workflow, builtin_workflows, load_workflow
+from ..workflow_parse import unique_json_keys
 from .protocol import LIMITS
 from .trace_dag import chain_workflows, stage_order, with_prefixes
 
@@ -114,17 +114,6 @@ def write_trace_record(out: TextIO, record: TraceRecord | None = None, **fields:
     return record
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json.loads hook: a key given twice is an error (json keeps the last one silently, so
-    `"task_id": "t1", "task_id": "t2"` replayed as task t2)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {reprlib.repr(key)}")
-        out[key] = value
-    return out
-
-
 def read_records(path: str | Path) -> list[tuple[int, TraceRecord]]:
     """All records with their 1-based line numbers; blank lines are skipped."""
     try:
@@ -136,7 +125,7 @@ def read_records(path: str | Path) -> list[tuple[int, TraceRecord]]:
         if not line.strip():
             continue
         try:
-            records.append((n, parse_record(json.loads(line, object_pairs_hook=_unique_keys))))
+            records.append((n, parse_record(json.loads(line, object_pairs_hook=unique_json_keys))))
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}:{n}: invalid JSON: {exc.msg}") from None
         except RecursionError:  # json's decoder recurses once per level of nesting
