@@ -21,9 +21,9 @@ from topas_agents.server.cluster.aggregate import (
 )
 from topas_agents.server.cluster.commands import smg_argv
 from topas_agents.server.cluster.config import ROUTE_KEY_HEADER, SMG_FLAGS_SET_BY_LAUNCHER, ClusterConfig
-from topas_agents.server.cluster.front import (
+from topas_agents.server.cluster.front import build_front
+from topas_agents.server.cluster.requests import (
     MAX_CALL_BODY_BYTES,
-    build_front,
     done_path,
     parse_call_body,
     route_key,

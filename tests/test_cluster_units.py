@@ -25,7 +25,7 @@ from topas_agents.server.cluster.aggregate import (
 )
 from topas_agents.server.cluster.commands import replica_argv, replica_env, smg_argv
 from topas_agents.server.cluster.config import ROUTE_KEY_HEADER, ClusterConfig
-from topas_agents.server.cluster.front import lift_label, route_key, route_key_header
+from topas_agents.server.cluster.requests import lift_label, route_key, route_key_header
 
 
 def test_port_layout_and_validation():

@@ -31,7 +31,7 @@ HEADERS = {
     "workflow": "X-Topas-Workflow",
     "prefix_tokens": "X-Topas-Prefix-Tokens",
 }
-_MAX_ID = 256
+MAX_LABEL_CHARS = 256  # a label's text (task id, stage, agent, workflow)
 # Larger than any KV budget; also bounds the digits int() parses (a 5000-digit header raised).
 MAX_PREFIX_TOKENS = 2**31 - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -81,8 +81,8 @@ def _text(data: Mapping[str, Any], key: str, required: bool) -> str | None:
         raise LabelError(key, f"must be a string, got {type(value).__name__}")
     if not value.strip():
         raise LabelError(key, "must not be empty")
-    if len(value) > _MAX_ID:
-        raise LabelError(key, f"longer than {_MAX_ID} characters")
+    if len(value) > MAX_LABEL_CHARS:
+        raise LabelError(key, f"longer than {MAX_LABEL_CHARS} characters")
     problem = text_problem(value)
     if problem is not None:
         raise LabelError(key, problem)

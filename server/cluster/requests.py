@@ -1,0 +1,120 @@
+"""What the front checks and rewrites in a request before relaying or fanning it out: body
+size and JSON (the replicas' own limits and 400s, so no malformed body becomes a 500 here), the
+label lifted from headers into the body, the routing key, and task-done paths rebuilt from
+their parts."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.requests import Request
+
+from topas_agents.labels import BODY_KEY, MAX_LABEL_CHARS, header_fields, text_problem
+from topas_agents.server.api_errors import ApiError, bad_request
+from topas_agents.server.config import ServerConfig
+
+from .config import KEYED_POLICIES
+
+# The replicas' body limits (ServerConfig; the launcher never changes them), enforced before
+# the body is read whole: a 200 MiB body grew the front to 820 MB before the replica's 413.
+_REPLICA_LIMITS = ServerConfig()
+MAX_CALL_BODY_BYTES = _REPLICA_LIMITS.max_body_bytes
+MAX_WORKFLOW_BODY_BYTES = _REPLICA_LIMITS.max_workflow_bytes
+# The replicas' bound on `?calls=` (server/app.py `_calls_param`: 0..999999999): a longer value
+# is refused here with their message, not sent (70000 digits made a URL httpx refuses).
+MAX_CALLS_DIGITS = 9
+CALLS_PROBLEM = "'calls' must be an integer in 0..999999999"
+_DONE_PREFIX = b"/v1/topas/tasks/"
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413, as a replica words it) past `limit` bytes: first by its
+    Content-Length, then while it streams in, never holding more than `limit` bytes."""
+    length = request.headers.get("content-length", "")
+    # > 19 digits is past any limit (and int() of 4300+ digits raises)
+    if length.isascii() and length.isdigit() and (len(length) > 19 or int(length) > limit):
+        raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body larger than {limit} bytes")
+
+
+def parse_call_body(raw: bytes) -> Any:
+    """A chat/completion body as JSON, or the replica's 400 (same words) when it is not:
+    bad JSON or UTF-8, an int of over 4300 digits (ValueError), deep nesting (RecursionError),
+    which escaped as a plain-text 500 before."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(f"request body is not valid JSON: {str(exc)[:200]}") from None
+
+
+def lift_label(body: dict[str, Any], headers: Mapping[str, str]) -> Any:
+    """The request's label as smg will forward it: the body's, else one built from the
+    X-Topas-* headers and written into the body (validated by the replica, as before)."""
+    if body.get(BODY_KEY) is not None:
+        return body[BODY_KEY]
+    from_headers = header_fields(headers)
+    if from_headers:
+        body[BODY_KEY] = from_headers
+        return from_headers
+    return None
+
+
+def route_key_header(key: str) -> bytes:
+    """The route key as a header value smg can read (visible ASCII and inner spaces): every
+    other character, such as the "é" of the task id "café", percent-encoded as UTF-8 (any
+    one-to-one spelling keeps a task's calls together; a printable ASCII key is sent as it is,
+    so existing deployments route as before)."""
+    return "".join(c if " " <= c <= "~" else urllib.parse.quote(c.encode("utf-8", "surrogatepass"), safe="")
+                   for c in key).encode("ascii")
+
+
+def route_key(label: Any, policy: str) -> str | None:
+    """The label's task id or agent as the routing key; None when there is none or it is not
+    valid label text (a lone surrogate, a control character, surrounding whitespace, too
+    long): the replica refuses such a label with a 400 naming the field, while as a header it
+    failed before reaching it (a 500, a 502, smg's empty 400)."""
+    if policy not in KEYED_POLICIES or not isinstance(label, Mapping):
+        return None
+    value = label.get("task_id" if policy == "task" else "agent")
+    if not isinstance(value, str) or not value or len(value) > MAX_LABEL_CHARS or text_problem(value):
+        return None
+    return value
+
+
+def done_path(raw_path: bytes) -> tuple[str, str]:
+    """(replica path, task id) of `POST /v1/topas/tasks/{task}/done` or `.../{task}/stages/
+    {stage}/done`, split on the raw path as a replica splits it (server/app.py `done_target`)
+    and rebuilt from the parsed parts, each re-escaped: a raw `..` would otherwise be resolved
+    by httpx (`tasks/../../chat/completions` reached the replicas' chat endpoint), and an id
+    holding "/" (%2F) arrives whole. 404 for any other shape, as a replica answers."""
+    rest = raw_path.split(b"?", 1)[0]
+    parts = rest[len(_DONE_PREFIX):].split(b"/") if rest.startswith(_DONE_PREFIX) else []
+    raw = [urllib.parse.unquote_to_bytes(p) for p in parts]
+    text = [p.decode("utf-8", "replace") for p in raw]
+    if len(raw) == 2 and text[1] == "done" and text[0]:
+        segments = [_segment(raw[0]), "done"]
+    elif len(raw) == 4 and text[1] == "stages" and text[3] == "done" and text[0] and text[2]:
+        segments = [_segment(raw[0]), "stages", _segment(raw[2]), "done"]
+    else:
+        raise ApiError(404, "Not Found")
+    return _DONE_PREFIX.decode() + "/".join(segments), text[0]
+
+
+def _segment(part: bytes) -> str:
+    """One path segment, percent-escaped so that it stays one segment with these bytes: "/"
+    as %2F, and "." or ".." as %2E (httpx resolves literal dot segments)."""
+    escaped = urllib.parse.quote(part, safe="")
+    return escaped.replace(".", "%2E") if escaped in (".", "..") else escaped
