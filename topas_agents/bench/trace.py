@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..errors import ConfigError
-from ..workflow import DEFAULT_LIMITS, RoundPlan, TaskPlan, Workflow, builtin_workflows, load_workflow
+from ..workflow import RoundPlan, TaskPlan, Workflow, builtin_workflows, load_workflow
 from ..workflow_parse import unique_json_keys
 from .protocol import LIMITS
-from .trace_dag import chain_workflows, stage_order, with_prefixes
+from .trace_dag import chain_workflows, with_prefixes
 
 # Largest |t_submit| / |t_done|, seconds. Unix time is 1.7e9 and stays below this until the
 # year 5138; beyond it float64 spacing (>= 1.5e-5 s, 16384 s at 1e20) swallows step times
@@ -192,31 +192,8 @@ def _build_workflows(path: str | Path, records: list[tuple[int, TraceRecord]],
                                       f"{missing} of workflow '{name}'")
                 out[task_id] = wf
         else:
-            _check_tool_waits(path, name or "unlabelled", ids, tasks)
             out.update(chain_workflows(path, name or "unlabelled", ids, tasks))
     return out
-
-
-def _check_tool_waits(path: str | Path, name: str, task_ids: Sequence[str],
-                      tasks: dict[str, dict[str, list]]) -> None:
-    """A rebuilt chain waits, between a stage's rounds, the mean recorded gap (t_done to the
-    next round's t_submit) of the tasks with its stage sequence (trace_dag._chain_spec). A
-    mean over the workflow limit is refused here, naming the records: the workflow check
-    named a field the trace does not have ("stages[0] (s1).tool_wait_s")."""
-    limit = DEFAULT_LIMITS.max_tool_wait_s
-    variants: dict[tuple[str, ...], list[str]] = defaultdict(list)
-    for task_id in task_ids:
-        variants[stage_order(tasks[task_id])].append(task_id)
-    for order, ids in variants.items():
-        for stage in order:
-            gaps = [(rows[r + 1][0], max(0.0, rows[r + 1][1].t_submit - rows[r][1].t_done))
-                    for rows in (tasks[t][stage] for t in ids) for r in range(len(rows) - 1)]
-            mean = sum(g for _, g in gaps) / len(gaps) if gaps else 0.0
-            if mean > limit:
-                line = max(gaps, key=lambda lg: lg[1])[0]  # the widest gap ends at this record
-                raise ConfigError(f"{path}:{line}: stage '{stage}' of workflow '{name}': its rounds are "
-                                  f"{mean:g} s apart on average (t_done to the next round's t_submit), "
-                                  f"over the {limit:g} s a tool wait may take")
 
 
 def _check_arrival_rate(path: str | Path, plans: Sequence[TaskPlan]) -> None:
