@@ -40,6 +40,7 @@ from ..errors import ConfigError
 from ..snapshot import Decision, Snapshot
 from . import BASELINES, LIVE_OPTIONS, Policy, make_policy
 from .forecast_run import ForecastJob, Rate, Stint, run_forecast
+from .topas.config import option_number
 
 logger = logging.getLogger(__name__)
 
@@ -357,16 +358,6 @@ def _convert(field_name: str, value: Any) -> Any:
 
 
 def _scalar(kind: type, value: Any) -> Any:
-    if isinstance(value, bool) and kind is not str:
-        raise ValueError
-    if kind is int:
-        number = float(value) if isinstance(value, str) else value
-        if not isinstance(number, int | float) or number != int(number):
-            raise ValueError
-        return int(number)
-    if kind is float:
-        number = float(value)
-        if not math.isfinite(number):
-            raise ValueError
-        return number
-    return kind(value).strip() if kind is str else kind(value)
+    if kind is str:
+        return str(value).strip()
+    return option_number(kind, value)

@@ -125,20 +125,27 @@ _LIMITS: dict[str, tuple[type, float, float | None]] = {
 assert set(_LIMITS) == {f.name for f in dataclasses.fields(TopasConfig)}
 
 
+def option_number(kind: type, value: Any) -> int | float:
+    """An option value (a number or its text) as `kind`: an int must be integral (8.9 is not
+    8), a float finite (no option means anything at infinity), a bool neither. ValueError,
+    TypeError or OverflowError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError
+    if kind is int:
+        num = float(value) if isinstance(value, str) else value
+        if not isinstance(num, int | float) or num != int(num):
+            raise ValueError
+        return int(num)
+    out = float(value)
+    if not math.isfinite(out):
+        raise ValueError
+    return out
+
+
 def _convert(name: str, value: Any, limits: dict[str, tuple[type, float, float | None]] | None = None) -> Any:
     kind, lo, hi = (limits or _LIMITS)[name]
     try:
-        if isinstance(value, bool):
-            raise ValueError
-        if kind is int:
-            num = float(value) if isinstance(value, str) else value
-            if not isinstance(num, int | float) or num != int(num):
-                raise ValueError
-            out: Any = int(num)
-        else:
-            out = float(value)
-            if not math.isfinite(out):  # NaN, or inf: no option means anything at infinity
-                raise ValueError
+        out = option_number(kind, value)
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"topas option '{name}' must be {'a finite number' if kind is float else 'an integer'}, got {value!r}") from None
     if out < lo or (hi is not None and out > hi):
