@@ -105,7 +105,7 @@ def write_config_file(path: Path, base_url: str, model: str | None = None, api_k
         llm["model"] = DEFAULT_MODEL if model is None else check_model(model)
     if api_key is not None or "api_key" not in llm:
         # an explicit key is checked, not swapped for the default (an empty one was)
-        llm["api_key"] = DEFAULT_API_KEY if api_key is None else check_key(api_key)
+        llm["api_key"] = DEFAULT_API_KEY if api_key is None else check_api_key(api_key)
     if new_section:
         llm["stream"] = False
     data["llm"] = llm
@@ -121,13 +121,6 @@ def check_model(model: Any) -> str:
         return model_name(model)
     except argparse.ArgumentTypeError as exc:
         raise ConfigError(f"--model: {exc}") from None
-
-
-def check_key(api_key: Any) -> str:
-    """`api_key` if an Authorization header can carry it (the server's --api-key rule)."""
-    if not isinstance(api_key, str):
-        raise ConfigError(f"--api-key must be a string, got {type(api_key).__name__}")
-    return check_api_key(api_key)
 
 
 def ensure_config(root: str | Path, base_url: str = "http://127.0.0.1:8000/v1") -> Path:

@@ -46,11 +46,12 @@ from metagpt.configs.llm_config import LLMConfig, LLMType
 from metagpt.roles.role import Role
 from metagpt.team import Team
 
+from topas_agents.cli.args import check_api_key
 from topas_agents.errors import ConfigError, LabelError
 from topas_agents.integrations.task import aclose_task, fields_in_force, new_task_id
 from topas_agents.labels import Label, check_label_text, current_label, label, label_from_mapping
 
-from .config_file import check_base_url, check_key, check_model
+from .config_file import check_base_url, check_model
 from .provider import ProviderOptions, TopasOpenAILLM, register_llm
 
 if TYPE_CHECKING:
@@ -242,7 +243,7 @@ def _check_enable_args(base_url: Any, model: Any, api_key: Any, workflow: Any, t
     if model is not None:
         check_model(model)
     if api_key is not None:
-        check_key(api_key)
+        check_api_key(api_key)
     try:
         if workflow is not None:
             check_label_text("workflow", workflow)

@@ -46,10 +46,12 @@ def int_between(lo: int, hi: int, why: str = "") -> Callable[[str], int]:
     return convert
 
 
-def check_api_key(key: str, source: str = "--api-key") -> str:
+def check_api_key(key: Any, source: str = "--api-key") -> str:
     """`key` if an HTTP header can carry it as `Authorization: Bearer KEY` (printable ASCII,
     no surrounding spaces: httpx, hence the openai client, encodes header text as ASCII, so
     any other key failed with a UnicodeEncodeError traceback); ConfigError otherwise."""
+    if not isinstance(key, str):  # a key given in code (write_config, enable)
+        raise ConfigError(f"{source} must be a string, got {type(key).__name__}")
     if not key or key != key.strip() or not key.isprintable() or not key.isascii():
         raise ConfigError(f"{source} must be non-empty printable ASCII without surrounding spaces")
     return key
