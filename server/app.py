@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..workflow import Workflow
 from .api_errors import ApiError, bad_request, shutting_down
+from .bodies import parse_json_body, read_body
 from .calls import Call
 from .config import ServerConfig
 from .labelling import resolve_label
@@ -93,27 +94,10 @@ def _tenant(request: Request) -> Tenant:
     return request.scope.get(TENANT_KEY)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing (413) past `limit` bytes without reading the rest into memory."""
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and len(length) < 20 and int(length) > limit:
-        raise ApiError(413, f"request body larger than {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"request body larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _decode_call(raw: bytes, kind: str) -> tuple[Any, ParsedCall]:
     """JSON body -> (body, ParsedCall); every malformed input is a 400 (CPU-bound for big
     bodies: run in a worker thread)."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # bad JSON/UTF-8, > 4300-digit ints, deep nesting
-        raise bad_request(f"request body is not valid JSON: {str(exc)[:200]}") from None
+    body = parse_json_body(raw)
     if _MAYBE_SURROGATE.search(raw) and has_lone_surrogate(body):
         raise bad_request("request body contains a lone UTF-16 surrogate escape (invalid Unicode)")
     return body, parse_chat(body) if kind == "chat" else parse_completion(body)
@@ -255,7 +239,7 @@ def _add_openai_routes(app: FastAPI, svc: SimService) -> None:
     async def complete(request: Request, kind: str, endpoint: str) -> Response:
         if svc.draining:
             raise shutting_down()
-        raw = await _read_body(request, cfg.max_body_bytes)
+        raw = await read_body(request, cfg.max_body_bytes)
         body, parsed = await _off_loop(len(raw), cfg.offload_bytes, _decode_call, raw, kind)
         rid = svc.new_rid(kind)
         lab = resolve_label(body, request.headers, parsed, svc.registry, rid, _tenant(request))
@@ -314,7 +298,7 @@ def _add_topas_routes(app: FastAPI, svc: SimService, fits: Callable[[Workflow], 
 
     @app.post("/v1/topas/workflows")
     async def add_workflow(request: Request) -> JSONResponse:
-        raw = await _read_body(request, svc.config.max_workflow_bytes)
+        raw = await read_body(request, svc.config.max_workflow_bytes)
         text = decode_upload(raw)
         if len(raw) <= svc.config.offload_bytes:
             wf = _parse_checked_upload(text, fits)

@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 
 from topas_agents.errors import ConfigError
 from topas_agents.server.api_errors import ApiError
+from topas_agents.server.bodies import parse_json_body
 from topas_agents.server.cluster import front as front_mod
 from topas_agents.server.cluster.aggregate import (
     ReplicaAnswer,
@@ -25,7 +26,6 @@ from topas_agents.server.cluster.front import build_front
 from topas_agents.server.cluster.requests import (
     MAX_CALL_BODY_BYTES,
     done_path,
-    parse_call_body,
     route_key,
     route_key_header,
 )
@@ -58,7 +58,7 @@ def _smg(seen: list[httpx.Request]):
                                  b"{not json", b"\xff\xfe"])
 def test_a_body_that_is_not_json_is_the_replicas_400(raw):
     with pytest.raises(ApiError) as exc:
-        parse_call_body(raw)
+        parse_json_body(raw)
     assert exc.value.status == 400 and exc.value.message.startswith("request body is not valid JSON: ")
     seen: list[httpx.Request] = []
     with TestClient(_front(_smg(seen))) as client:

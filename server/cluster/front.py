@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from topas_agents.labels import MAX_LABEL_CHARS
 from topas_agents.server.api_errors import ApiError, bad_request
+from topas_agents.server.bodies import parse_json_body, read_body
 
 from .aggregate import (
     ReplicaAnswer,
@@ -51,8 +52,6 @@ from .requests import (
     MAX_WORKFLOW_BODY_BYTES,
     done_path,
     lift_label,
-    parse_call_body,
-    read_body,
     route_key,
     route_key_header,
 )
@@ -127,7 +126,7 @@ class Front:
         # would encode that text as ASCII, so a non-ASCII value (a UTF-8 X-Topas-Task-Id) was a 500
         drop = _HOP | {ROUTE_KEY_HEADER.lower()}
         headers = [(k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in drop]
-        body = parse_call_body(raw)
+        body = parse_json_body(raw)
         if isinstance(body, dict):  # else (a list, a number) the replica answers the 400
             key = route_key(lift_label(body, request.headers), self.config.router_policy)
             if key is not None:

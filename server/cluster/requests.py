@@ -1,19 +1,15 @@
-"""What the front checks and rewrites in a request before relaying or fanning it out: body
-size and JSON (the replicas' own limits and 400s, so no malformed body becomes a 500 here), the
-label lifted from headers into the body, the routing key, and task-done paths rebuilt from
-their parts."""
+"""What the front checks and rewrites in a request before relaying or fanning it out: the
+replicas' body limits (read and parsed by `server.bodies`, as on one server), the label lifted
+from headers into the body, the routing key, and task-done paths rebuilt from their parts."""
 
 from __future__ import annotations
 
-import json
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from starlette.requests import Request
-
 from topas_agents.labels import BODY_KEY, MAX_LABEL_CHARS, header_fields, text_problem
-from topas_agents.server.api_errors import ApiError, bad_request
+from topas_agents.server.api_errors import ApiError
 from topas_agents.server.config import ServerConfig
 
 from .config import KEYED_POLICIES
@@ -28,36 +24,6 @@ MAX_WORKFLOW_BODY_BYTES = _REPLICA_LIMITS.max_workflow_bytes
 MAX_CALLS_DIGITS = 9
 CALLS_PROBLEM = "'calls' must be an integer in 0..999999999"
 _DONE_PREFIX = b"/v1/topas/tasks/"
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused (413, as a replica words it) past `limit` bytes: first by its
-    Content-Length, then while it streams in, never holding more than `limit` bytes."""
-    length = request.headers.get("content-length", "")
-    # > 19 digits is past any limit (and int() of 4300+ digits raises)
-    if length.isascii() and length.isdigit() and (len(length) > 19 or int(length) > limit):
-        raise _too_large(limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"request body larger than {limit} bytes")
-
-
-def parse_call_body(raw: bytes) -> Any:
-    """A chat/completion body as JSON, or the replica's 400 (same words) when it is not:
-    bad JSON or UTF-8, an int of over 4300 digits (ValueError), deep nesting (RecursionError),
-    which escaped as a plain-text 500 before."""
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise bad_request(f"request body is not valid JSON: {str(exc)[:200]}") from None
 
 
 def lift_label(body: dict[str, Any], headers: Mapping[str, str]) -> Any:

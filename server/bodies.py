@@ -1,0 +1,41 @@
+"""Request bodies as every endpoint reads them, one server or the cluster front: within a
+byte limit (413 before the rest is read into memory) and parsed as JSON (400 for anything
+`json` refuses, never a 500)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+
+from .api_errors import ApiError, bad_request
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) past `limit` bytes: first by its Content-Length, then while it
+    streams in, never holding more than `limit` bytes."""
+    length = request.headers.get("content-length", "")
+    # > 19 digits is past any limit (and int() of 4300+ digits raises)
+    if length.isascii() and length.isdigit() and (len(length) > 19 or int(length) > limit):
+        raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body larger than {limit} bytes")
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """The body as JSON, or a 400: bad JSON or UTF-8, an int of over 4300 digits (ValueError),
+    deep nesting (RecursionError; on the cluster front it escaped as a plain-text 500)."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise bad_request(f"request body is not valid JSON: {str(exc)[:200]}") from None
