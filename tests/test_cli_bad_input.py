@@ -169,3 +169,35 @@ def test_docs_failed_run_leaves_no_empty_folder(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().err.splitlines()[-1] == "error: simulated failure"
     assert list(tmp_path.iterdir()) == []
     _fails(["docs", "--out", str(tmp_path / "results")], capsys, "cannot be the results folder")
+
+
+def test_output_checks_create_no_folder(tmp_path):
+    from topas_agents.cli.args import check_output
+    from topas_agents.errors import ConfigError
+
+    check_output("--worst-dir", tmp_path / "a" / "b", "dir")
+    check_output("--json", tmp_path / "c" / "d" / "r.json")
+    assert list(tmp_path.iterdir()) == []  # the writers create folders when they write
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        check_output("--json", tmp_path / "f" / "g" / "r.json")
+    (tmp_path / "dir.json").mkdir()
+    with pytest.raises(ConfigError, match="is a directory"):
+        check_output("--json", tmp_path / "dir.json")
+
+
+def test_suite_failed_before_writing_leaves_no_worst_dir(tmp_path, capsys):
+    worst, out = tmp_path / "worst" / "cases", tmp_path / "out" / "s.json"
+    _fails(["bench", "--suite", "random", "--workflows", "1", "--seeds", "1", "--load", "0.3",
+            "--tasks", "4", "--worst-dir", str(worst), "--json", str(out),
+            "--reuse", str(tmp_path / "missing.json")], capsys, "missing.json")
+    assert [p.name for p in tmp_path.iterdir()] == []  # the outputs were checked, not created
+
+
+def test_calibrate_writes_into_a_missing_folder(tmp_path):
+    from topas_agents.cli.calibrate import write_profile
+    from topas_agents.costmodel import load_profile
+
+    out = tmp_path / "new" / "gpu.yaml"
+    write_profile(out, load_profile(), "http://x/v1", "base", [(1, 0.1)], [(1, 0.1)])
+    assert load_profile(out).kv_budget_tokens == load_profile().kv_budget_tokens

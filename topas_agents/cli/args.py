@@ -100,8 +100,9 @@ def write_json(path: str, data: Any) -> None:
 
 def check_output(flag: str, path: str | Path | None, kind: Literal["file", "dir"] = "file") -> None:
     """Fail before a run that can take hours, not after it: ConfigError unless `path` (a file,
-    or a directory a command writes into) can be written. Creates the missing parent
-    directories (the writers would), never the file itself."""
+    or a directory a command writes into) can be written. Creates nothing: the writers create
+    missing folders when they write, so a run that fails before writing leaves no empty folder
+    behind; a missing folder passes when its nearest existing ancestor is a writable directory."""
     if path is None:
         return
     if not str(path).strip():
@@ -111,13 +112,11 @@ def check_output(flag: str, path: str | Path | None, kind: Literal["file", "dir"
     blocker = next((a for a in (folder, *folder.parents) if a.exists() and not a.is_dir()), None)
     if blocker is not None:
         raise ConfigError(f"{flag} {path}: cannot write: {blocker} is a file, not a directory")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"{flag} {path}: cannot write: {exc.strerror or exc}") from None
     if kind == "file" and out.is_dir():
         raise ConfigError(f"{flag} {path}: is a directory")
-    if not os.access(folder, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+    existing = next(a for a in (folder, *folder.parents, Path(".")) if a.exists())
+    # creating a folder inside `existing` needs write and search permission on it
+    if not os.access(existing, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise ConfigError(f"{flag} {path}: cannot write: permission denied")
 
 

@@ -225,7 +225,11 @@ def _write_checked(out: Path, text: str) -> None:
     """Write `text` to `out` only if it loads as a profile: it goes to a temporary file beside
     `out` first (same suffix, so `load_profile` reads it as a file), which replaces `out` once
     it loads and is removed otherwise (a failed command leaves no file, and keeps an older one)."""
-    fd, name = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=out.suffix, dir=out.parent)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # check_output leaves missing folders to the writer
+        fd, name = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=out.suffix, dir=out.parent)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot write: {exc.strerror or exc}") from None
     tmp = Path(name)
     try:
         with os.fdopen(fd, "w") as f:

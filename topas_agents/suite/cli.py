@@ -76,7 +76,8 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
 
 
 def run_suite_cli(args: argparse.Namespace) -> int:
-    """Run the suite, print the verdict, write the worst YAMLs and (with --json) the JSON."""
+    """Run the suite, print the verdict, write the worst YAMLs and (with --json) the JSON.
+    Exit status 1 when any run failed (after all of that is written), else 0."""
     from ..cli.args import write_json
     from .report import (
         DEFAULT_WORST_N,
@@ -100,8 +101,9 @@ def run_suite_cli(args: argparse.Namespace) -> int:
     worst = worst_cases(results, primary(config), int(getattr(args, "worst_n", None) or DEFAULT_WORST_N))
     worst_dir = getattr(args, "worst_dir", None)
     paths = write_worst(worst, Path(worst_dir), config, primary(config)) if worst_dir else []
+    failed = failures(results)
     if worst_dir:
-        write_failed(failures(results), Path(worst_dir) / "failed", config, primary(config))
+        write_failed(failed, Path(worst_dir) / "failed", config, primary(config))
     doc = result_json(results, config, worst, paths)
     if getattr(args, "json", None):  # saved before the report is formatted: a suite takes hours
         write_json(args.json, doc)
@@ -113,4 +115,6 @@ def run_suite_cli(args: argparse.Namespace) -> int:
         if getattr(args, "json", None):
             write_json(args.json, {**doc, "recheck": [c.as_dict() for c in rechecks]})
         print(format_recheck(rechecks, seeds))
-    return 0
+    if failed:  # everything is written and reported; the exit status says the suite is incomplete
+        print(f"{len(failed)} run(s) failed (listed under FAILED runs)", file=sys.stderr)
+    return 1 if failed else 0
