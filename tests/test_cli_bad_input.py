@@ -201,3 +201,15 @@ def test_calibrate_writes_into_a_missing_folder(tmp_path):
     out = tmp_path / "new" / "gpu.yaml"
     write_profile(out, load_profile(), "http://x/v1", "base", [(1, 0.1)], [(1, 0.1)])
     assert load_profile(out).kv_budget_tokens == load_profile().kv_budget_tokens
+
+
+def test_sglang_decision_log_creates_its_folder(tmp_path):
+    # `topas serve --engine sglang --decision-log new/d.jsonl` checks the path, creating nothing;
+    # the plugin's log creates the folder when it opens the file
+    from topas_agents.server.sglang.adapter import DecisionLog
+
+    path = tmp_path / "new" / "d.jsonl"
+    log = DecisionLog(str(path))
+    log.write({"decision": 1})
+    log.close()
+    assert path.read_text() == '{"decision":1}\n'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from importlib import metadata
 from pathlib import PurePath
@@ -57,6 +58,17 @@ def replica_env(config: ClusterConfig, i: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": gpu}
 
 
+def cluster_api_key(config: ClusterConfig) -> str | None:
+    """The key the replicas require: their `--api-key`, else $TOPAS_API_KEY, which a replica
+    reads itself when it is given none (`topas serve`'s rule; replicas inherit the launcher's
+    environment). smg needs it to probe keyed replicas (without it smg never registered them,
+    and `topas serve --replicas N --api-key K` did not start), and the front checks it."""
+    keys = config.replica_api_keys
+    if keys:
+        return keys[0]
+    return os.environ.get("TOPAS_API_KEY") or None
+
+
 def smg_argv(config: ClusterConfig) -> tuple[str, ...]:
     g = config.gateway
     keyed = config.router_policy in KEYED_POLICIES
@@ -77,5 +89,7 @@ def smg_argv(config: ClusterConfig) -> tuple[str, ...]:
     if keyed:
         argv += ["--routing-key-headers", ROUTE_KEY_HEADER, "--assignment-mode", g.assignment_mode,
                  "--max-idle-secs", str(g.sticky_key_idle_secs)]
+    if (key := cluster_api_key(config)) is not None:
+        argv += ["--api-key", key]
     argv += list(config.extra_smg_args)
     return tuple(argv)

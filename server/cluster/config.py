@@ -35,7 +35,7 @@ ROUTE_KEY_HEADER = "X-Topas-Route-Key"
 # ("smg not ready" after 61 s for --port), or routed without the key. The gateway's tunables
 # (GatewaySettings: retries, breaker, health probes, --log-level) may still be overridden.
 SMG_FLAGS_SET_BY_LAUNCHER = ("--host", "--port", "--prometheus-host", "--prometheus-port",
-                             "--worker-urls", "--policy", "--routing-key-headers")
+                             "--worker-urls", "--policy", "--routing-key-headers", "--api-key")
 
 
 def smg_arg_problem(arg: str) -> str | None:
@@ -157,10 +157,26 @@ class ClusterConfig:
         for arg in self.extra_smg_args:
             if (problem := smg_arg_problem(arg)) is not None:
                 raise ConfigError(problem)
+        if len(set(self.replica_api_keys)) > 1:
+            raise ConfigError("--replicas takes one --api-key: smg (1.13.0) holds a single key, which it "
+                              "uses to probe the replicas and checks every caller's bearer token against, "
+                              "so a second tenant's calls would be refused at the gateway; run one "
+                              "cluster per tenant")
         for name in ("startup_timeout_s", "stop_timeout_s", "control_timeout_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a positive number, got {value}")
+
+    @property
+    def replica_api_keys(self) -> tuple[str, ...]:
+        """The `--api-key` values among the replicas' options (`serve_args`)."""
+        args, keys = self.serve_args, []
+        for k, arg in enumerate(args):
+            if arg == "--api-key" and k + 1 < len(args):
+                keys.append(args[k + 1])
+            elif arg.startswith("--api-key="):
+                keys.append(arg.split("=", 1)[1])
+        return tuple(keys)
 
     def replica_port(self, i: int) -> int:
         """Port of replica i, 1-based."""

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -32,6 +33,7 @@ from starlette.routing import Route
 from topas_agents.labels import MAX_LABEL_CHARS
 from topas_agents.server.api_errors import ApiError, bad_request
 from topas_agents.server.bodies import parse_json_body, read_body
+from topas_agents.server.tenancy import EXEMPT_PATHS, authenticate, tenant_ids
 
 from .aggregate import (
     ReplicaAnswer,
@@ -44,6 +46,7 @@ from .aggregate import (
     pick_registration_answer,
     replica_up_metric,
 )
+from .commands import cluster_api_key
 from .config import ROUTE_KEY_HEADER, ClusterConfig
 from .requests import (
     CALLS_PROBLEM,
@@ -286,6 +289,27 @@ def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
                         status_code=status)
 
 
+class FrontAuth:
+    """Pure ASGI middleware: with an API key, every endpoint but `/health` needs it, checked
+    here first and answered as a replica answers it (401 `invalid_api_key`). Without it the
+    front's own answers (the layout, smg's model list, the bounds on ids) went to callers
+    without a key, and an over-long id got its 404 before the replicas' 401."""
+
+    def __init__(self, app: Any, api_key: str | None) -> None:
+        self.app = app
+        self.tenants = tenant_ids((api_key,)) if api_key is not None else {}
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if self.tenants and scope["type"] == "http" and scope.get("path") not in EXEMPT_PATHS:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+            try:
+                authenticate(headers, self.tenants)
+            except ApiError as exc:
+                await JSONResponse(exc.body(), status_code=exc.status)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_front(config: ClusterConfig) -> Starlette:
     front = Front(config)
 
@@ -319,6 +343,7 @@ def build_front(config: ClusterConfig) -> Starlette:
         )
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error,
-                                                                           ApiError: _api_error})
+                                                                           ApiError: _api_error},
+                    middleware=[Middleware(FrontAuth, api_key=cluster_api_key(config))])
     app.state.front = front
     return app

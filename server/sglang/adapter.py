@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -49,6 +50,7 @@ class DecisionLog:
     """JSONL records, one per line, flushed per line (several processes may append)."""
 
     def __init__(self, path: str) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)  # `topas serve` checked it, creating nothing
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the adapter
 
     def write(self, record: dict[str, Any]) -> None:
