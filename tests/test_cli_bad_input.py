@@ -128,6 +128,9 @@ def test_plot_format_checked_before_the_run(tmp_path, capsys):
     (["docs", "--workloads", "chain3,chain3"], "--workloads: 'chain3' given twice"),
     (["serve", "--replay-file", "nosuch.jsonl"], "--replay-file applies to --responder replay only"),
     (["serve", "--decision-log", "d.jsonl"], "--decision-log applies to --engine sglang only"),
+    (["serve", "--engine", "sglang", "--model-name", "m"],
+     "--model-name applies to --engine sim only (this is --engine sglang); SGLang's own is `-- --served-model-name NAME`"),
+    (["serve", "--engine", "sglang", "--drain-timeout", "5"], "--drain-timeout applies to --engine sim only"),
 ])
 def test_repeats_and_idle_flags(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
@@ -213,3 +216,21 @@ def test_sglang_decision_log_creates_its_folder(tmp_path):
     log.write({"decision": 1})
     log.close()
     assert path.read_text() == '{"decision":1}\n'
+
+
+def test_sglang_gets_one_api_key():
+    # `topas serve --engine sglang --api-key K` served without a key: SGLang never got it
+    import argparse
+
+    from topas_agents.errors import ConfigError
+    from topas_agents.server.sglang.launch import build_command
+
+    args = argparse.Namespace(model_path="/m", host="127.0.0.1", port=9, log_level="info")
+    cmd = build_command(args, [], api_keys=("k1",))
+    assert cmd[-2:] == ["--api-key", "k1"]
+    assert "--api-key" not in build_command(args, [])
+    assert build_command(args, [], api_keys=("k1", "k1"))[-2:] == ["--api-key", "k1"]
+    with pytest.raises(ConfigError, match="takes one --api-key"):
+        build_command(args, [], api_keys=("k1", "k2"))
+    with pytest.raises(ConfigError, match="give the API key once"):
+        build_command(args, ["--", "--api-key", "k2"], api_keys=("k1",))

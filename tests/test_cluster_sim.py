@@ -163,3 +163,7 @@ def test_serve_cli_replica_args():
                                           "--workflow", "chain3", "--workflow", "diamond")
     sim = argparse.Namespace(**{**vars(sglang), "engine": "sim"})
     assert "--model-path" not in replica_serve_args(sim) and "--time-scale" in replica_serve_args(sim)
+    named = argparse.Namespace(**{**vars(sglang), "model_name": "m", "drain_timeout": 5.0})
+    assert "--model-name" not in replica_serve_args(named) and "--drain-timeout" not in replica_serve_args(named)
+    named_sim = argparse.Namespace(**{**vars(named), "engine": "sim"})
+    assert {"--model-name", "--drain-timeout"} <= set(replica_serve_args(named_sim))

@@ -44,7 +44,8 @@ def _opt(out: list[str], flag: str, value: object) -> None:
 # Options only one engine reads (topas serve refuses them for the other): a replica gets them
 # only when it runs that engine; the sim ones have defaults, so they were always passed and
 # an SGLang replica refused to start.
-_ENGINE_ONLY = {"sim": (("--time-scale", "time_scale"), ("--responder", "responder"), ("--replay-file", "replay_file")),
+_ENGINE_ONLY = {"sim": (("--time-scale", "time_scale"), ("--responder", "responder"), ("--replay-file", "replay_file"),
+                        ("--model-name", "model_name"), ("--drain-timeout", "drain_timeout")),
                 "sglang": (("--model-path", "model_path"), ("--decision-log", "decision_log"))}
 
 
@@ -53,8 +54,8 @@ def replica_serve_args(args: argparse.Namespace) -> tuple[str, ...]:
     out: list[str] = []
     engine = getattr(args, "engine", "sim")
     for flag, name in (("--policy", "policy"), ("--profile", "profile"), ("--kv-budget", "kv_budget"),
-                       *_ENGINE_ONLY.get(engine, ()), ("--model-name", "model_name"),
-                       ("--task-idle-timeout", "task_idle_timeout"), ("--drain-timeout", "drain_timeout"),
+                       *_ENGINE_ONLY.get(engine, ()),
+                       ("--task-idle-timeout", "task_idle_timeout"),
                        ("--log-level", "log_level")):
         _opt(out, flag, getattr(args, name, None))
     for flag, name in (("--policy-opt", "policy_opt"), ("--workflow", "workflow"), ("--api-key", "api_key")):

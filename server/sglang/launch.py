@@ -67,7 +67,9 @@ def _has_flag(argv: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
-def build_command(args: argparse.Namespace, extra_argv: Sequence[str]) -> list[str]:
+def build_command(args: argparse.Namespace, extra_argv: Sequence[str], api_keys: Sequence[str] = ()) -> list[str]:
+    """SGLang's command line. `api_keys`: `topas serve`'s keys (--api-key, else $TOPAS_API_KEY),
+    given to SGLang as its own --api-key; it checks one key, so tenants are --engine sim only."""
     extra = list(extra_argv)
     if extra[:1] == ["--"]:
         extra = extra[1:]
@@ -84,6 +86,14 @@ def build_command(args: argparse.Namespace, extra_argv: Sequence[str]) -> list[s
         value = getattr(args, attr, None)
         if value is not None and not _has_flag(extra, flag):
             cmd += [flag, str(value)]
+    keys = tuple(dict.fromkeys(api_keys))
+    if len(keys) > 1:
+        raise ConfigError("--engine sglang takes one --api-key: SGLang's server checks a single key "
+                          "(one tenant per key is --engine sim only)")
+    if keys:
+        if _has_flag(extra, "--api-key"):
+            raise ConfigError("give the API key once: --api-key, or SGLang's --api-key after `--`, not both")
+        cmd += ["--api-key", keys[0]]
     return cmd + extra
 
 
@@ -111,9 +121,9 @@ def build_env(config: PluginConfig, base: Mapping[str, str] | None = None) -> di
     return env
 
 
-def main(args: argparse.Namespace, extra_argv: Sequence[str]) -> int:
+def main(args: argparse.Namespace, extra_argv: Sequence[str], api_keys: Sequence[str] = ()) -> int:
     config = build_config(args)
-    cmd = build_command(args, extra_argv)
+    cmd = build_command(args, extra_argv, api_keys)
     require_sglang()
     if not plugin_installed():
         raise ConfigError(f"the '{PLUGIN_NAME}' SGLang plugin entry point is not installed in this "

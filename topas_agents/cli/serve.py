@@ -64,7 +64,11 @@ ENGINE_ONLY = {
     "--replay-file": ("replay_file", "sim"),
     "--decision-log": ("decision_log", "sglang"),
     "--model-path": ("model_path", "sglang"),
+    "--model-name": ("model_name", "sim"),
+    "--drain-timeout": ("drain_timeout", "sim"),
 }
+# What SGLang's own server takes instead (an argument after `--`).
+_SGLANG_OWN = {"--model-name": "--served-model-name NAME"}
 
 
 def _given(args: argparse.Namespace, flag: str, dest: str) -> bool:
@@ -79,7 +83,9 @@ def check_mode_flags(args: argparse.Namespace) -> None:
     check_mode_flags): it would be a silent no-op."""
     for flag, (dest, engine) in ENGINE_ONLY.items():
         if args.engine != engine and _given(args, flag, dest):
-            raise ConfigError(f"{flag} applies to --engine {engine} only (this is --engine {args.engine})")
+            own = _SGLANG_OWN.get(flag) if args.engine == "sglang" else None
+            hint = f"; SGLang's own is `-- {own}`" if own else ""
+            raise ConfigError(f"{flag} applies to --engine {engine} only (this is --engine {args.engine}){hint}")
     if args.replay_file is not None and args.responder != "replay":
         raise ConfigError(f"--replay-file applies to --responder replay only (this is --responder {args.responder})")
 
@@ -90,7 +96,7 @@ def _run_sglang(args: argparse.Namespace, extra: list[str]) -> int:
     except ImportError as exc:
         raise ConfigError(f"--engine sglang is unavailable ({exc}); install it with "
                           "`pip install -e .[sglang]` or use `make test-sglang`'s venv") from None
-    return int(launch.main(args, extra) or 0)
+    return int(launch.main(args, extra, api_keys=_api_keys(args)) or 0)
 
 
 def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
