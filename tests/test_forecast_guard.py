@@ -27,7 +27,7 @@ def test_options_are_validated_and_split():
         make_policy("topas", {"forecast_tasks": "many"})
     with pytest.raises(ConfigError, match="unknown policy 'nope'"):
         make_policy("topas", {"forecast_candidates": "lpm,nope"})
-    with pytest.raises(ConfigError, match="unknown topas option"):
+    with pytest.raises(ConfigError, match="unknown topas option 'bogus'.*the guard's own: core, forecast_candidates"):
         make_policy("topas", {"bogus": "1"})
 
 

@@ -341,7 +341,13 @@ def make_topas_guard(**options: Any) -> ForecastGuard:
             guard[key[9:]] = _convert(key[9:], value)
         elif key != "core":
             topas[key] = value
-    return ForecastGuard(core, topas, replace(ForecastConfig(), **guard), name="topas")
+    try:
+        return ForecastGuard(core, topas, replace(ForecastConfig(), **guard), name="topas")
+    except ConfigError as exc:  # the core's list of known options leaves out the guard's own
+        if str(exc).startswith("unknown topas option"):
+            own = ", ".join(["core", *(f"forecast_{f}" for f in sorted(fields))])
+            raise ConfigError(f"{exc}; the guard's own: {own}") from None
+        raise
 
 
 def _convert(field_name: str, value: Any) -> Any:
