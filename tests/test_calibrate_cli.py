@@ -48,3 +48,30 @@ def test_bad_input_is_one_line_exit_2(server, tmp_path, capsys, options, message
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "p.yaml").exists()
+
+
+@pytest.fixture(scope="module")
+def keyed():
+    handle = start_server_in_thread(ServerConfig(time_scale=200.0, policy="lpm", task_idle_timeout_s=0.0,
+                                                 api_keys=("k-cal",)))
+    yield handle
+    handle.stop()
+
+
+def test_a_keyed_server_is_calibrated_and_benchmarked_with_its_key(keyed, tmp_path, capsys, monkeypatch):
+    # before: neither command could send a key; the 401 read "lists no model: give the server's
+    # OpenAI base URL", which sent users after the wrong problem
+    monkeypatch.delenv("TOPAS_API_KEY", raising=False)
+    bench = ["bench", "--server", keyed.url, "--workload", "chain3", "--tasks", "2", "--policies", "lpm"]
+    assert main(bench) == 2
+    assert "refused a call without an API key (give --api-key KEY or set TOPAS_API_KEY)" in capsys.readouterr().err
+    assert main([*bench, "--api-key", "wrong"]) == 2
+    assert "refused the API key (HTTP 401)" in capsys.readouterr().err
+    assert main([*bench, "--api-key", "k-cal"]) == 0
+    assert "2/2 tasks" in capsys.readouterr().out
+    out = tmp_path / "new" / "keyed.yaml"  # a folder that does not exist yet
+    monkeypatch.setenv("TOPAS_API_KEY", "k-cal")
+    assert main(["calibrate", "--server", keyed.url, "--out", str(out), "--kv-budget", "20000"]) == 0
+    assert load_profile(out).kv_budget_tokens == 20000
+    assert main(["bench", "--engine", "sglang", "--model-path", str(tmp_path), "--api-key", "k"]) == 2
+    assert "--api-key applies to --server" in capsys.readouterr().err

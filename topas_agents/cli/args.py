@@ -57,6 +57,15 @@ def check_api_key(key: Any, source: str = "--api-key") -> str:
     return key
 
 
+def client_api_key(args: argparse.Namespace) -> str | None:
+    """`--api-key`, else TOPAS_API_KEY (read here, at the CLI edge, only): the key a
+    client command (`run`, `eval`, `bench --server`, `calibrate`) sends."""
+    if getattr(args, "api_key", None):
+        return check_api_key(args.api_key)
+    env = os.environ.get("TOPAS_API_KEY")
+    return check_api_key(env, "TOPAS_API_KEY") if env else None
+
+
 def model_name(text: str) -> str:
     """Converter for a model id sent to or reported by a server: an empty one fell back to a
     default without a word, and one with surrounding spaces or control characters matched no

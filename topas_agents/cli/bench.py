@@ -175,13 +175,18 @@ def _add_real_engine_options(p: argparse.ArgumentParser) -> None:
     real.add_argument("--timeout", type=positive_float, default=900.0, help="real engine: per-policy run limit (s)")
     real.add_argument("--words-per-token", type=positive_float, default=None, help="real engine: prompt words per token")
     real.add_argument("--sim", action="store_true", help="real engine: also simulate the same trace per policy")
+    real.add_argument("--api-key", default=None, metavar="KEY", help="--server's API key (default: $TOPAS_API_KEY)")
 
 
 def _real_engine(args: argparse.Namespace) -> int:
     from ..realbench.runner import run_from_args
+    from .args import client_api_key
 
+    if args.api_key is not None and args.engine == "sglang":
+        raise ConfigError("--api-key applies to --server (a server started by --engine sglang takes no key)")
     real = argparse.Namespace(**vars(args))
     real.engine = None if args.engine == "sim" else args.engine
+    real.api_key = client_api_key(args) if args.server else None
     real.policies = ",".join(args.policies)
     real.workload = args.workload or "chain3"
     real.tasks = args.tasks or 8

@@ -19,7 +19,7 @@ BenchMode = Literal["decision-cost", "real", "suite", "cluster", "sim"]
 _COMMON = frozenset({"--policies", "--profile", "--json", "--seed", "--no-progress"})
 _POLICY_SETUP = frozenset({"--policy-opt", "--policy-config", "--kv-budget"})
 _REAL_ONLY = frozenset({"--server", "--engine", "--model-path", "--engine-arg", "--scale", "--kv-tokens",
-                        "--ignore-eos", "--model", "--timeout", "--words-per-token", "--sim"})
+                        "--ignore-eos", "--model", "--timeout", "--words-per-token", "--sim", "--api-key"})
 
 # What each mode reads beyond _COMMON (see the mode's own code: realbench.runner.run_from_args,
 # suite.cli.config_from_args, cluster.cli.run_cluster_from_args, bench.runner.BenchConfig).

@@ -85,6 +85,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--base-profile", default=DEFAULT_PROFILE, help="profile supplying unmeasured fields")
     p.add_argument("--kv-budget", type=positive_int, default=None,
                    help="KV budget tokens if the server cannot report it")
+    p.add_argument("--api-key", default=None, metavar="KEY", help="the server's API key (default: $TOPAS_API_KEY)")
     p.set_defaults(run=run)
 
 
@@ -110,14 +111,16 @@ def prefill_sizes(kv_budget: int | None) -> tuple[int, ...]:
     return fit if len(fit) >= 2 else (8, max(16, kv_budget // 20))
 
 
-async def measure(url: str, model: str, kv_budget: int | None = None) -> Measurements:
+async def measure(url: str, model: str, kv_budget: int | None = None, api_key: str | None = None) -> Measurements:
     """Prefill, decode-step and minimal-call points (see the module docstring)."""
     import httpx
+
+    from ..realbench.client import auth_headers
 
     rng = random.Random(0)
     prefill: list[tuple[int, float]] = []
     decode: list[tuple[int, float]] = []
-    async with httpx.AsyncClient(timeout=300) as c:
+    async with httpx.AsyncClient(timeout=300, headers=auth_headers(api_key)) as c:
         await _call(c, url, model, _prompt(8, rng), 1)  # warm-up
         calls = [CallBurst(1, n, t) for t, n in [await _call(c, url, model, _prompt(CALL_PROBE_WORDS, rng), 1)
                                                  for _ in range(CALL_PROBES)]]
@@ -146,13 +149,16 @@ def slope(points: list[tuple[int, float]]) -> float:
     return max(1e-9, sum((x - mx) * (y - my) for x, y in points) / var) if var else 1e-9
 
 
-def _kv_budget(url: str, given: int | None) -> int | None:
+def _kv_budget(url: str, given: int | None, api_key: str | None = None) -> int | None:
     import httpx
+
+    from ..realbench.client import auth_headers
 
     if given is not None:
         return given
     try:
-        info = httpx.get(url.removesuffix("/v1") + "/get_server_info", timeout=10).json()
+        info = httpx.get(url.removesuffix("/v1") + "/get_server_info", headers=auth_headers(api_key),
+                         timeout=10).json()
     except (httpx.HTTPError, ValueError):
         return None
     states = info.get("internal_states") if isinstance(info, dict) else None
@@ -266,13 +272,15 @@ def run(args: argparse.Namespace) -> int:
     check_profile_out(args.out)
     base = load_profile(args.base_profile)
     from ..realbench.client import first_model_id
+    from .args import client_api_key
 
-    model = args.model or first_model_id(url)
-    budget = _kv_budget(url, args.kv_budget)
+    key = client_api_key(args)
+    model = args.model or first_model_id(url, key)
+    budget = _kv_budget(url, args.kv_budget, key)
     if budget is None:
         raise ConfigError("calibrate: the server does not report its KV pool size; pass --kv-budget TOKENS")
     try:
-        m = asyncio.run(measure(url, model, budget))
+        m = asyncio.run(measure(url, model, budget, key))
     except httpx.HTTPError as exc:
         raise ConfigError(f"calibrate: cannot reach {url}: {exc}") from None
     out = Path(args.out)

@@ -55,7 +55,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .run import client_api_key
+    from .args import client_api_key
 
     api_key = client_api_key(args) if args.server else None  # before MetaGPT loads (seconds)
     from ..integrations.metagpt.cli_support import stdout_to_stderr

@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import uuid
 from typing import Any
 
 from ..errors import ConfigError
-from .args import check_api_key
+from .args import client_api_key
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -54,14 +53,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "per run, so repeated runs against one --server never reuse a finished task's id)")
     add_common(p)
     p.set_defaults(run=run)
-
-
-def client_api_key(args: argparse.Namespace) -> str | None:
-    """`--api-key`, else TOPAS_API_KEY (read here, at the CLI edge, only)."""
-    if getattr(args, "api_key", None):
-        return check_api_key(args.api_key)
-    env = os.environ.get("TOPAS_API_KEY")
-    return check_api_key(env, "TOPAS_API_KEY") if env else None
 
 
 def _task_id_prefix(args: argparse.Namespace) -> str:

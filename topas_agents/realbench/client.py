@@ -27,14 +27,23 @@ WORDS = ("plan", "design", "code", "review", "test", "module", "interface", "dat
          "agent", "task", "stage", "value", "error", "result", "function", "class", "queue", "cache")
 
 
-def first_model_id(base_url: str) -> str:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """`Authorization: Bearer KEY` for a server started with an API key; {} without one."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def first_model_id(base_url: str, api_key: str | None = None) -> str:
     """The server's first `/models` id; ConfigError (one line, exit 2) when the server cannot
-    be reached or does not list a model the OpenAI way (a URL that is not the OpenAI base),
-    before any measuring or task starts. `topas bench --server` and `topas calibrate` use it."""
+    be reached, refuses the key, or does not list a model the OpenAI way (a URL that is not
+    the OpenAI base), before any measuring or task starts. `topas bench --server` and `topas
+    calibrate` use it."""
     try:
-        r = httpx.get(f"{base_url}/models", timeout=30)
+        r = httpx.get(f"{base_url}/models", headers=auth_headers(api_key), timeout=30)
     except httpx.HTTPError as exc:
         raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
+    if r.status_code in (401, 403):
+        what = "the API key" if api_key else "a call without an API key (give --api-key KEY or set TOPAS_API_KEY)"
+        raise ConfigError(f"the server at {base_url} refused {what} (HTTP {r.status_code})")
     try:
         return str(r.json()["data"][0]["id"])
     except (ValueError, LookupError, TypeError):
@@ -147,12 +156,12 @@ async def run_task(client: httpx.AsyncClient, base_url: str, model: str, wf: Wor
 
 async def run_tasks(base_url: str, model: str, wf: Workflow, plans: Sequence[dict[str, list[Call]]],
                     delays: Sequence[float] | None = None, timeout_s: float = 600.0,
-                    return_exceptions: bool = False) -> list[Any]:
+                    return_exceptions: bool = False, api_key: str | None = None) -> list[Any]:
     """Run the tasks concurrently (task i starts after delays[i] seconds); with
     `return_exceptions` a failed task is its exception instead of failing the run."""
     delays = list(delays) if delays is not None else [0.0] * len(plans)
     limits = httpx.Limits(max_connections=max(16, 4 * len(plans)))
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=auth_headers(api_key)) as client:
         t0 = time.monotonic()
         coros = (run_task(client, base_url, model, wf, p, t0, d) for p, d in zip(plans, delays, strict=True))
         return list(await asyncio.wait_for(asyncio.gather(*coros, return_exceptions=return_exceptions),

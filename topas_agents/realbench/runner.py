@@ -125,7 +125,8 @@ def run_once(base_url: str, model: str, args: argparse.Namespace, tasks: list[Ta
     wf = tasks[0].workflow
     plans = [build_calls(t, wpt, args.ignore_eos) for t in tasks]
     return asyncio.run(run_tasks(base_url, model, wf, plans, [t.arrival_s for t in tasks],
-                                 timeout_s=args.timeout, return_exceptions=True))
+                                 timeout_s=args.timeout, return_exceptions=True,
+                                 api_key=getattr(args, "api_key", None) if args.server else None))
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -153,8 +154,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     real_jcts: dict[str, dict[str, float]] = {}  # policy -> task id -> client JCT
     if args.server:
         url = args.server.rstrip("/")
-        first = first_model_id(url)  # reachable before anything else runs
-        profile = profile or (_calibrate(url, first, args.kv_tokens, measured) if args.sim else None)
+        key = getattr(args, "api_key", None)
+        first = first_model_id(url, key)  # reachable, and takes the key, before anything else runs
+        profile = profile or (_calibrate(url, first, args.kv_tokens, measured, key) if args.sim else None)
         results = run_once(url, args.model or first, args, tasks, wpt)
         out["server"] = summarize(results, args.tasks, None)
         # the endpoint schedules with whatever policy it runs: name it with a single --policies
@@ -215,13 +217,13 @@ def _sim_and_fidelity(tasks: list[TaskPlan], policies: Sequence[str], profile: P
     return {"sim": sim, "profile": dataclasses.asdict(profile), "fidelity": fid}
 
 
-def _calibrate(url: str, model: str, kv_tokens: int, measured: dict[str, Any]) -> Profile:
+def _calibrate(url: str, model: str, kv_tokens: int, measured: dict[str, Any], api_key: str | None = None) -> Profile:
     """Measure the server's `model` (topas calibrate) for the simulator's profile; the points go
     in `measured` ((x, seconds) lists: prefill by prompt tokens, decode step by batch, calls)."""
     from ..cli.calibrate import _kv_budget, fit_profile, measure
 
-    budget = _kv_budget(url, kv_tokens) or kv_tokens
-    m = asyncio.run(measure(url, model, budget))
+    budget = _kv_budget(url, kv_tokens, api_key) or kv_tokens
+    m = asyncio.run(measure(url, model, budget, api_key))
     measured.update(prefill=m.prefill, decode=m.decode, calls=[b._asdict() for b in m.calls])
     profile = fit_profile(load_profile(), "calibrated", model, budget, m.prefill, m.decode, m.calls)
     print(f"calibrated: tm_s {profile.tm_s:.5f}, tc_s_per_token {profile.tc_s_per_token:.3e}, "
