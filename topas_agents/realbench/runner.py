@@ -73,6 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None, help="--sim profile (default: calibrated on the first server)")
     p.add_argument("--json", default=None, metavar="OUT.json",
                    help="write {'real': {policy: {...}}, 'sim', 'profile', 'fidelity', 'calibration'} here")
+    p.add_argument("--api-key", default=None, metavar="KEY", help="--server's API key (default: $TOPAS_API_KEY)")
 
 
 def build_calls(task: TaskPlan, words_per_token: float, ignore_eos: bool) -> dict[str, list[Call]]:
@@ -257,9 +258,13 @@ def _as_dict(r: PolicyResult) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m topas_agents.realbench.runner ...`: the real-engine bench that `topas bench
     --server URL` / `--engine sglang` runs (the same options)."""
+    from ..cli.args import client_api_key
+
     p = argparse.ArgumentParser(prog="realbench", description=__doc__.splitlines()[0])
     add_arguments(p)
-    return run_from_args(p.parse_args(argv))
+    args = p.parse_args(argv)
+    args.api_key = client_api_key(args) if args.server else None  # the environment read here, at the edge
+    return run_from_args(args)
 
 
 if __name__ == "__main__":
