@@ -182,7 +182,7 @@ def _real_engine(args: argparse.Namespace) -> int:
     from ..realbench.runner import run_from_args
     from .args import client_api_key
 
-    if args.api_key is not None and args.engine == "sglang":
+    if getattr(args, "api_key", None) is not None and args.engine == "sglang":
         raise ConfigError("--api-key applies to --server (a server started by --engine sglang takes no key)")
     real = argparse.Namespace(**vars(args))
     real.engine = None if args.engine == "sim" else args.engine
