@@ -28,7 +28,7 @@ from .protocol import ParsedCall, parse_chat, parse_completion
 from .responders import Responder, make_responder
 from .service import EngineFactory, SimService
 from .stats import build_stats
-from .tenancy import EXEMPT_PATHS, Tenant, authenticate, tenant_ids
+from .tenancy import EXEMPT_PATHS, Tenant, authenticate_scope, tenant_ids
 from .textcheck import MAYBE_SURROGATE as _MAYBE_SURROGATE
 from .textcheck import has_lone_surrogate
 from .timeline_api import install_timeline
@@ -73,8 +73,7 @@ class EdgeMiddleware:
 
         try:
             if scope.get("path") not in EXEMPT_PATHS:
-                headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
-                scope = {**scope, TENANT_KEY: authenticate(headers, self.tenants)}
+                scope = {**scope, TENANT_KEY: authenticate_scope(scope, self.tenants)}
             await self.app(scope, receive, send_status)
         except ApiError as exc:  # authentication
             if not started:

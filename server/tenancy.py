@@ -15,6 +15,7 @@ import dataclasses
 import hmac
 import re
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from ..workflow import AgentSpec, Workflow
 from .api_errors import ApiError
@@ -45,6 +46,12 @@ def authenticate(headers: Mapping[str, str], tenants: Mapping[str, str]) -> Tena
         raise ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
                        type_="invalid_request_error", code="invalid_api_key")
     return found
+
+
+def authenticate_scope(scope: Mapping[str, Any], tenants: Mapping[str, str]) -> Tenant:
+    """`authenticate` on an ASGI request scope's headers (for pure ASGI middleware)."""
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+    return authenticate(headers, tenants)
 
 
 def qualify(tenant: Tenant, name: str) -> str:

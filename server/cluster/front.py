@@ -33,7 +33,7 @@ from starlette.routing import Route
 from topas_agents.labels import MAX_LABEL_CHARS
 from topas_agents.server.api_errors import ApiError, bad_request
 from topas_agents.server.bodies import parse_json_body, read_body
-from topas_agents.server.tenancy import EXEMPT_PATHS, authenticate, tenant_ids
+from topas_agents.server.tenancy import EXEMPT_PATHS, authenticate_scope, tenant_ids
 
 from .aggregate import (
     ReplicaAnswer,
@@ -301,9 +301,8 @@ class FrontAuth:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if self.tenants and scope["type"] == "http" and scope.get("path") not in EXEMPT_PATHS:
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
             try:
-                authenticate(headers, self.tenants)
+                authenticate_scope(scope, self.tenants)
             except ApiError as exc:
                 await JSONResponse(exc.body(), status_code=exc.status)(scope, receive, send)
                 return
