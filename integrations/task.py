@@ -52,6 +52,11 @@ def server_root(base_url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """`Authorization: Bearer KEY` for a server started with an API key; {} without one."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def done_url(base_url: str, task_id: str) -> str:
     return f"{server_root(base_url)}/v1/topas/tasks/{quote(task_id, safe='')}/done"
 

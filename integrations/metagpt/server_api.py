@@ -17,7 +17,7 @@ import httpx
 import yaml
 
 from topas_agents.errors import ConfigError
-from topas_agents.integrations.task import done_url, server_root
+from topas_agents.integrations.task import auth_headers, done_url, server_root
 from topas_agents.workflow import Workflow
 
 log = logging.getLogger("topas.metagpt")
@@ -25,16 +25,12 @@ TIMEOUT_S = 10.0
 PROBE_TIMEOUT_S = 5.0  # a live server answers /v1/models at once; MetaGPT's retries take minutes
 
 
-def _auth(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 def probe_server(base_url: str, api_key: str | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """Fail fast (ConfigError, one line) if the server is unreachable or refuses the key,
     before MetaGPT's first call would spend minutes retrying."""
     url = f"{base_url.rstrip('/')}/models"
     try:
-        rsp = httpx.get(url, headers=_auth(api_key), timeout=timeout_s)
+        rsp = httpx.get(url, headers=auth_headers(api_key), timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
     if rsp.status_code in (401, 403):
@@ -63,7 +59,7 @@ def register_workflow(base_url: str, wf: Workflow, api_key: str | None = None) -
     url = f"{server_root(base_url)}/v1/topas/workflows"
     try:
         rsp = httpx.post(url, content=yaml.safe_dump(workflow_mapping(wf), sort_keys=False), timeout=TIMEOUT_S,
-                         headers=_auth(api_key))
+                         headers=auth_headers(api_key))
     except httpx.HTTPError as exc:
         log.warning("could not register workflow %s at %s: %s", wf.name, url, exc)
         return False
@@ -77,7 +73,7 @@ async def notify_task_done(base_url: str, task_id: str, api_key: str | None = No
     """POST /v1/topas/tasks/{id}/done (the task's JCT ends at its last call)."""
     url = done_url(base_url, task_id)  # the id percent-encoded: it may hold "/", "#" or spaces
     try:
-        async with httpx.AsyncClient(timeout=TIMEOUT_S, headers=_auth(api_key)) as client:
+        async with httpx.AsyncClient(timeout=TIMEOUT_S, headers=auth_headers(api_key)) as client:
             rsp = await client.post(url)
     except httpx.HTTPError as exc:
         log.warning("task-done notification for %s failed: %s", task_id, exc)
@@ -92,7 +88,7 @@ def fetch_stats(base_url: str, calls: int | None = None, api_key: str | None = N
     params = {"calls": calls} if calls is not None else None
     try:
         rsp = httpx.get(f"{server_root(base_url)}/v1/topas/stats", params=params, timeout=TIMEOUT_S,
-                        headers=_auth(api_key))
+                        headers=auth_headers(api_key))
     except httpx.HTTPError as exc:
         log.warning("cannot fetch stats: %s", exc)
         return None

@@ -115,7 +115,7 @@ async def measure(url: str, model: str, kv_budget: int | None = None, api_key: s
     """Prefill, decode-step and minimal-call points (see the module docstring)."""
     import httpx
 
-    from ..realbench.client import auth_headers
+    from ..integrations.task import auth_headers
 
     rng = random.Random(0)
     prefill: list[tuple[int, float]] = []
@@ -152,7 +152,7 @@ def slope(points: list[tuple[int, float]]) -> float:
 def _kv_budget(url: str, given: int | None, api_key: str | None = None) -> int | None:
     import httpx
 
-    from ..realbench.client import auth_headers
+    from ..integrations.task import auth_headers
 
     if given is not None:
         return given

@@ -20,16 +20,12 @@ from typing import Any
 import httpx
 
 from ..errors import ConfigError
+from ..integrations.task import auth_headers
 from ..labels import Label
 from ..workflow import Workflow
 
 WORDS = ("plan", "design", "code", "review", "test", "module", "interface", "data", "user", "system",
          "agent", "task", "stage", "value", "error", "result", "function", "class", "queue", "cache")
-
-
-def auth_headers(api_key: str | None) -> dict[str, str]:
-    """`Authorization: Bearer KEY` for a server started with an API key; {} without one."""
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def first_model_id(base_url: str, api_key: str | None = None) -> str:

@@ -122,12 +122,11 @@ def summarize(results: Sequence[TaskResult | BaseException], n: int, log: dict[s
 
 
 def run_once(base_url: str, model: str, args: argparse.Namespace, tasks: list[TaskPlan],
-             wpt: float) -> list[TaskResult | BaseException]:
+             wpt: float, api_key: str | None = None) -> list[TaskResult | BaseException]:
     wf = tasks[0].workflow
     plans = [build_calls(t, wpt, args.ignore_eos) for t in tasks]
     return asyncio.run(run_tasks(base_url, model, wf, plans, [t.arrival_s for t in tasks],
-                                 timeout_s=args.timeout, return_exceptions=True,
-                                 api_key=getattr(args, "api_key", None) if args.server else None))
+                                 timeout_s=args.timeout, return_exceptions=True, api_key=api_key))
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -158,7 +157,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         key = getattr(args, "api_key", None)
         first = first_model_id(url, key)  # reachable, and takes the key, before anything else runs
         profile = profile or (_calibrate(url, first, args.kv_tokens, measured, key) if args.sim else None)
-        results = run_once(url, args.model or first, args, tasks, wpt)
+        results = run_once(url, args.model or first, args, tasks, wpt, key)
         out["server"] = summarize(results, args.tasks, None)
         # the endpoint schedules with whatever policy it runs: name it with a single --policies
         real_jcts[policies[0] if len(policies) == 1 else "server"] = _jcts(results)
