@@ -70,25 +70,28 @@ def _report(task_id: str, rsp: httpx.Response | None, exc: Exception | None) -> 
     assert rsp is not None
     if rsp.status_code == 404:
         log.warning("task-done for %s: the server has no such task or no done endpoint", task_id)
+    elif rsp.status_code in (401, 403):
+        log.warning("task-done for %s: the server refused the API key (HTTP %s): give task(api_key=...) "
+                    "or task(client=...) with the client that holds the server's key", task_id, rsp.status_code)
     elif rsp.status_code >= 400:
         log.warning("task-done for %s: HTTP %s %s", task_id, rsp.status_code, rsp.text[:200])
     return rsp.status_code < 400
 
 
-def close_task(base_url: str, task_id: str) -> bool:
+def close_task(base_url: str, task_id: str, api_key: str | None = None) -> bool:
     """POST the task-done call (sync); True if the server accepted it."""
     try:
-        rsp = httpx.post(done_url(base_url, task_id), timeout=DONE_TIMEOUT_S)
+        rsp = httpx.post(done_url(base_url, task_id), headers=auth_headers(api_key), timeout=DONE_TIMEOUT_S)
     except httpx.HTTPError as exc:
         return _report(task_id, None, exc)
     return _report(task_id, rsp, None)
 
 
-async def aclose_task(base_url: str, task_id: str) -> bool:
+async def aclose_task(base_url: str, task_id: str, api_key: str | None = None) -> bool:
     """POST the task-done call (async); True if the server accepted it."""
     try:
         async with httpx.AsyncClient(timeout=DONE_TIMEOUT_S) as client:
-            rsp = await client.post(done_url(base_url, task_id))
+            rsp = await client.post(done_url(base_url, task_id), headers=auth_headers(api_key))
     except httpx.HTTPError as exc:
         return _report(task_id, None, exc)
     return _report(task_id, rsp, None)
@@ -103,6 +106,13 @@ def base_url_of(client: Any) -> str:
     return str(url)
 
 
+def api_key_of(client: Any) -> str | None:
+    """The API key an openai client sends (None if it has none), so the done call that
+    `task(client=...)` sends is accepted by a server started with that key."""
+    key = getattr(getattr(client, "raw", client), "api_key", None)
+    return key if isinstance(key, str) and key else None
+
+
 def new_task_id(prefix: str = "task") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
@@ -111,16 +121,21 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
     """A task scope: labels calls inside with `task_id` (+ `workflow`), closes the task on exit.
 
     `base_url` (or `client`, an openai client) says where to send the done call; with
-    neither, nothing is sent. `task_id` defaults to a fresh unique id (see `.handle`).
+    neither, nothing is sent. A server started with an API key needs it on the done call
+    too: `api_key`, else the key `client` holds. `task_id` defaults to a fresh unique id (see `.handle`).
     `close=False` keeps the label scope but sends nothing. Re-entering is an error."""
 
     def __init__(self, task_id: str | None = None, *, base_url: str | None = None, client: Any = None,
-                 workflow: str | None = None, close: bool = True) -> None:
+                 workflow: str | None = None, close: bool = True, api_key: str | None = None) -> None:
         if base_url is not None and client is not None:
             raise ConfigError("task(): give base_url or client, not both")
         url = base_url if client is None else base_url_of(client)
         if url is not None and not isinstance(url, str):  # it failed in __exit__, masking the block's error
             raise ConfigError(f"task(): base_url must be a string, got {type(url).__name__}")
+        if api_key is not None and (not isinstance(api_key, str) or not api_key.isprintable() or not api_key):
+            raise ConfigError("task(): api_key must be a non-empty string of printable characters")
+        # kept off the handle, which callers print and log
+        self._api_key = api_key if api_key is not None or client is None else api_key_of(client)
         # only None means "make one up": an empty id is refused on entry, like any other bad id
         self.handle = TaskHandle(new_task_id() if task_id is None else task_id, url if close else None, workflow)
         self._scope: contextlib.AbstractContextManager[Any] | None = None
@@ -145,7 +160,7 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
                  tb: TracebackType | None) -> None:
         self._exit((et, ev, tb))
         if self.handle.base_url is not None:
-            close_task(self.handle.base_url, self.handle.task_id)
+            close_task(self.handle.base_url, self.handle.task_id, self._api_key)
 
     async def __aenter__(self) -> TaskHandle:
         return self._enter()
@@ -154,5 +169,5 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
                         tb: TracebackType | None) -> None:
         self._exit((et, ev, tb))
         if self.handle.base_url is not None:
-            await aclose_task(self.handle.base_url, self.handle.task_id)
+            await aclose_task(self.handle.base_url, self.handle.task_id, self._api_key)
 

@@ -145,3 +145,24 @@ async def test_caller_task_scope_is_used_and_left_open(mg, tmp_path):
     assert {c["stage"] for c in _calls(stats, "mine-1")} == set(SOP)
     done = next(t for t in stats["tasks"]["items"] if t["task_id"] == "mine-2")
     assert done["done_reason"] == "explicit" and {c["stage"] for c in _calls(stats, "mine-2")} == set(SOP)
+
+
+async def test_a_keyed_server_gets_the_done_call_with_the_roles_key(mg, tmp_path):
+    # before: the task-done call went without the key the roles use, the server answered 401,
+    # and each Team.run's task stayed open until the idle timeout
+    _, stock, server_api = mg
+    from topas_agents.integrations.metagpt.patches import fast_retries
+    from topas_agents.server import ServerConfig, start_server_in_thread
+
+    key = "sk-stock-keyed-01"
+    server = start_server_in_thread(ServerConfig(time_scale=SCALE, api_keys=(key,), task_idle_timeout_s=0.0))
+    try:
+        with fast_retries(1), stock.enable(base_url=server.url, api_key=key, send_max_tokens=False) as hooks:
+            await _stock_team(tmp_path, "stock_keyed").run(n_round=8, idea="Create a 2048 game.")
+        stats = server_api.fetch_stats(server.url, api_key=key)
+    finally:
+        server.stop()
+    (task_id,) = hooks.task_ids
+    assert {c["stage"] for c in _calls(stats, task_id)} == set(SOP)
+    task = next(t for t in stats["tasks"]["items"] if t["task_id"] == task_id)
+    assert task["done_reason"] == "explicit"

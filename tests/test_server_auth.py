@@ -139,3 +139,32 @@ def test_errors_name_a_tenants_tasks_as_it_does(srv):
         assert err["param"] == "topas.task_id" and "'closed'" in err["message"] and "key1" not in err["message"]
         err = a.post("/v1/topas/tasks/nope/done").json()["error"]
         assert "'nope'" in err["message"] and "key1" not in err["message"]
+
+
+def _task_of(srv, key: str, task_id: str) -> dict:
+    with _client(srv, key) as c:
+        return next(t for t in c.get("/v1/topas/stats").json()["tasks"]["items"] if t["task_id"] == task_id)
+
+
+async def test_task_scopes_close_their_task_on_a_keyed_server(srv, caplog):
+    # before: the done call of task(client=...) went without the client's key, the server
+    # answered 401, and the task stayed open until the idle timeout (its JCT padded by minutes)
+    from topas_agents import label
+    from topas_agents.integrations.openai_client import labelled
+    from topas_agents.integrations.task import task
+
+    client = labelled(openai.OpenAI(base_url=srv.url, api_key=A, max_retries=0))
+    with task("keyed-sync", client=client, workflow="chain3"), label(stage="s1", agent="a"):
+        client.chat.completions.create(model="m", messages=MSG, max_tokens=3)
+    assert _task_of(srv, A, "keyed-sync")["done_reason"] == "explicit"
+    async with task("keyed-async", base_url=srv.url, api_key=B, workflow="chain3"):
+        with label(stage="s1", agent="a"):
+            labelled(openai.OpenAI(base_url=srv.url, api_key=B, max_retries=0)).chat.completions.create(
+                model="m", messages=MSG, max_tokens=3)
+    assert _task_of(srv, B, "keyed-async")["done_reason"] == "explicit"
+    with task("keyed-nokey", base_url=srv.url, workflow="chain3"), label(stage="s1", agent="a"):
+        client.chat.completions.create(model="m", messages=MSG, max_tokens=3)
+    assert not _task_of(srv, A, "keyed-nokey")["done"]  # refused: said, not raised
+    assert "refused the API key (HTTP 401)" in caplog.text and "task(api_key=...)" in caplog.text
+    with pytest.raises(ConfigError, match="api_key"):
+        task("t", base_url=srv.url, api_key="bad\nkey")

@@ -204,8 +204,9 @@ def _team_run(hooks: Enabled) -> Callable[[Any], Any]:
                 with label(task_id=task_id, workflow=o.workflow):
                     return await original(self, *args, **kwargs)
             finally:
-                if o.close_tasks:
-                    await aclose_task(o.base_url or self.env.context.config.llm.base_url, task_id)
+                if o.close_tasks:  # to the endpoint, and with the key, that the roles' calls use
+                    llm = self.env.context.config.llm
+                    await aclose_task(o.base_url or llm.base_url, task_id, o.api_key or llm.api_key)
 
         return run
 
