@@ -4,6 +4,7 @@ switching rule, and that it is Topas, decision for decision, while no forecast s
 from __future__ import annotations
 
 import time
+from concurrent.futures import wait
 
 import pytest
 
@@ -258,6 +259,34 @@ def test_close_stops_a_forecast_in_flight():
     assert guard._pool is None and guard._pending is None
     close_policy(guard)  # twice is harmless, as is closing a policy that holds nothing
     close_policy(make_policy("lpm"))
+
+
+def _kill_worker(guard) -> None:
+    (worker,) = guard._pool._processes.values()
+    worker.kill()
+    wait([guard._pending.future], timeout=60)
+    assert guard._pending.future.done()
+
+
+def test_a_dead_forecast_worker_is_replaced_once_and_never_stops_decide(caplog):
+    """Before: a worker that died (the OOM killer, a kill) broke the pool; the next checkpoint's
+    submit raised BrokenProcessPool out of decide(), which would stop the engine's scheduler."""
+    guard = make_policy("topas", {"forecast_mode": "background", "forecast_tasks": "5000",
+                                  "forecast_candidates": "lpm", "forecast_early": "0"})
+    try:
+        _run(guard, load_rate=0.08, tasks=10)  # checkpoint at 8 arrivals: a long forecast in flight
+        _kill_worker(guard)
+        run = _run(guard, load_rate=0.08, tasks=10, seed=5)  # applies the failure, then checkpoint 16
+        assert len(run.tasks) == 10 and guard.errors and guard.errors[0].startswith("BrokenProcessPool")
+        assert guard._pending is not None  # a new worker took the checkpoint at 16 arrivals
+        _kill_worker(guard)
+        run = _run(guard, load_rate=0.08, tasks=30, seed=6)  # past the checkpoint at 32
+        assert len(run.tasks) == 30 and len(guard.errors) == 2
+        assert guard._pool is None and guard._pending is None  # no third worker
+        assert "died 2 times, so forecasts stop" in caplog.text
+        assert guard.active is guard.topas and not guard.history
+    finally:
+        guard.close()
 
 
 def test_serve_rejects_an_inline_guard_with_one_line(capsys):

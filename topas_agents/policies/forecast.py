@@ -20,7 +20,8 @@ labelled workflows); unlabelled traffic is not forecast (the guard then keeps To
 forecast costs seconds of CPU: in the simulator it runs inline (its clock does not see CPU
 time, so runs stay deterministic); live engines (`topas serve`, the SGLang plugin) build the
 policy with `forecast_mode=background`, a worker process whose result applies at the first
-decision after it is ready.
+decision after it is ready. A failed forecast never stops `decide`: the running policy goes on,
+and a worker that died is replaced at the next checkpoint (WORKER_STARTS).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import wait as wait_futures
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
@@ -43,6 +45,10 @@ from .forecast_run import ForecastJob, Rate, Stint, run_forecast
 from .topas.config import option_number
 
 logger = logging.getLogger(__name__)
+# A worker that died once (the OOM killer, a stray kill) is replaced at the next checkpoint; one
+# that dies again will not do better (a script without the `if __name__ == "__main__":` guard
+# cannot spawn one at all): background forecasts then stop and the running policy decides on.
+WORKER_STARTS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +239,7 @@ class ForecastGuard:
         self.errors: list[str] = []  # background forecasts that failed (the policy ran on)
         self._pool: ProcessPoolExecutor | None = None
         self._pending: _Pending | None = None  # the background forecast in flight
+        self._worker_deaths = 0  # background workers that died (WORKER_STARTS)
 
     def decide(self, snap: Snapshot) -> Decision:
         self._arrivals.observe(snap, self.config.window)
@@ -258,17 +265,33 @@ class ForecastGuard:
         if self.config.mode == "inline":
             self._choose(job, run_forecast(job), snap.now, margin)
             return
+        if self._worker_deaths >= WORKER_STARTS:
+            return
         if self._pool is None:
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
             weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
-        self._pending = _Pending(self._pool.submit(run_forecast, job), job, margin)
+        try:
+            self._pending = _Pending(self._pool.submit(run_forecast, job), job, margin)
+        except (BrokenProcessPool, RuntimeError, OSError) as exc:  # a dead pool must not stop decide()
+            self._forecast_failed(exc, worker_died=True)
+
+    def _forecast_failed(self, exc: BaseException, *, worker_died: bool) -> None:
+        """Record a failed forecast; a dead worker's pool is dropped (the next checkpoint
+        starts a new one, up to WORKER_STARTS), and the running policy keeps deciding."""
+        self.errors.append(f"{type(exc).__name__}: {exc}")
+        what = f"{self.active_name} keeps running"
+        if worker_died:
+            self._worker_deaths += 1
+            self.close()
+            if self._worker_deaths >= WORKER_STARTS:
+                what += f"; the forecast worker died {self._worker_deaths} times, so forecasts stop"
+        logger.warning("%s: forecast failed (%s); %s", self.name, self.errors[-1], what)
 
     def _apply(self, pending: _Pending, now: float) -> None:
         try:
             scores = pending.future.result()
         except Exception as exc:  # noqa: BLE001 - a failed forecast keeps the running policy
-            self.errors.append(f"{type(exc).__name__}: {exc}")
-            logger.warning("%s: forecast failed (%s); %s keeps running", self.name, self.errors[-1], self.active_name)
+            self._forecast_failed(exc, worker_died=isinstance(exc, BrokenProcessPool))
             return
         self._choose(pending.job, scores, now, pending.margin)
 
