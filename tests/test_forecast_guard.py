@@ -3,6 +3,8 @@ switching rule, and that it is Topas, decision for decision, while no forecast s
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from concurrent.futures import wait
 
@@ -247,37 +249,32 @@ def test_close_stops_a_forecast_in_flight():
                                   "forecast_candidates": "lpm"})
     _run(guard, load_rate=0.08, tasks=10)
     assert guard._pending is not None and not guard._pending.future.done()
-    workers = list(guard._pool._processes.values())
-    assert workers and all(w.is_alive() for w in workers)
+    worker = guard._pool
+    assert worker.alive()
     started = time.monotonic()
     guard.close()
-    # is_alive() can read True for a moment after the exit: the executor's own thread may be
-    # reaping the same process (waitpid then fails here with ECHILD), so poll for a while
-    while any(w.is_alive() for w in workers) and time.monotonic() - started < 30:
-        time.sleep(0.05)
-    assert not any(w.is_alive() for w in workers) and time.monotonic() - started < 30
+    assert not worker.alive() and time.monotonic() - started < 30
     assert guard._pool is None and guard._pending is None
     close_policy(guard)  # twice is harmless, as is closing a policy that holds nothing
     close_policy(make_policy("lpm"))
 
 
 def _kill_worker(guard) -> None:
-    (worker,) = guard._pool._processes.values()
-    worker.kill()
+    os.kill(guard._pool.pid, signal.SIGKILL)
     wait([guard._pending.future], timeout=60)
     assert guard._pending.future.done()
 
 
 def test_a_dead_forecast_worker_is_replaced_once_and_never_stops_decide(caplog):
-    """Before: a worker that died (the OOM killer, a kill) broke the pool; the next checkpoint's
-    submit raised BrokenProcessPool out of decide(), which would stop the engine's scheduler."""
+    """Before: a worker that died (the OOM killer, a kill) broke the process pool; the next
+    checkpoint's submit raised BrokenProcessPool out of decide(), stopping the engine's scheduler."""
     guard = make_policy("topas", {"forecast_mode": "background", "forecast_tasks": "5000",
                                   "forecast_candidates": "lpm", "forecast_early": "0"})
     try:
         _run(guard, load_rate=0.08, tasks=10)  # checkpoint at 8 arrivals: a long forecast in flight
         _kill_worker(guard)
         run = _run(guard, load_rate=0.08, tasks=10, seed=5)  # applies the failure, then checkpoint 16
-        assert len(run.tasks) == 10 and guard.errors and guard.errors[0].startswith("BrokenProcessPool")
+        assert len(run.tasks) == 10 and guard.errors and guard.errors[0].startswith("ForecastWorkerDied")
         assert guard._pending is not None  # a new worker took the checkpoint at 16 arrivals
         _kill_worker(guard)
         run = _run(guard, load_rate=0.08, tasks=30, seed=6)  # past the checkpoint at 32
@@ -287,6 +284,40 @@ def test_a_dead_forecast_worker_is_replaced_once_and_never_stops_decide(caplog):
         assert guard.active is guard.topas and not guard.history
     finally:
         guard.close()
+
+
+SCRIPT_WITHOUT_MAIN_GUARD = """
+import sys
+from topas_agents.costmodel import load_profile
+from topas_agents.policies import make_policy
+from topas_agents.sim.driver import make_trace, simulate
+from topas_agents.workflow import load_workflow
+print("top-level ran", file=sys.stderr)
+guard = make_policy("topas", {"forecast_mode": "background", "forecast_seeds": "0", "forecast_early": "0",
+                              "forecast_tasks": "6", "forecast_candidates": "lpm"})
+profile = load_profile("a100-80g-qwen2.5-32b")
+simulate(make_trace(load_workflow("chain3"), 10, 0.08, 3), guard, profile)
+guard.wait(timeout_s=120)
+simulate(make_trace(load_workflow("chain3"), 1, 0.08, 4), guard, profile)
+guard.close()
+print("forecasts", len(guard.history), "errors", len(guard.errors))
+"""
+
+
+def test_a_script_without_the_main_guard_runs_once_and_gets_its_forecast(tmp_path):
+    """Before: the worker was a spawned process pool, which re-imports the caller's __main__:
+    a script without `if __name__ == "__main__":` ran again inside the worker (here: its own
+    simulation; in a user's script, its server and calls), and the worker never started."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "embedded.py"
+    script.write_text(SCRIPT_WITHOUT_MAIN_GUARD)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("top-level ran") == 1, done.stderr[-2000:]
+    assert "forecasts 1 errors 0" in done.stdout
 
 
 def test_serve_rejects_an_inline_guard_with_one_line(capsys):

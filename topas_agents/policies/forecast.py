@@ -20,21 +20,20 @@ labelled workflows); unlabelled traffic is not forecast (the guard then keeps To
 forecast costs seconds of CPU: in the simulator it runs inline (its clock does not see CPU
 time, so runs stay deterministic); live engines (`topas serve`, the SGLang plugin) build the
 policy with `forecast_mode=background`, a worker process whose result applies at the first
-decision after it is ready. A failed forecast never stops `decide`: the running policy goes on,
-and a worker that died is replaced at the next checkpoint (WORKER_STARTS).
+decision after it is ready (forecast_worker.py: a child interpreter that imports only this
+package, never the caller's `__main__`). A failed forecast never stops `decide`: the running
+policy goes on, and a worker that died is replaced at the next checkpoint (WORKER_STARTS).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import multiprocessing
 import weakref
 from collections import deque
 from collections.abc import Mapping
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
@@ -42,6 +41,7 @@ from ..errors import ConfigError
 from ..snapshot import Decision, Snapshot
 from . import BASELINES, LIVE_OPTIONS, Policy, make_policy
 from .forecast_run import ForecastJob, Rate, Stint, run_forecast
+from .forecast_worker import ForecastWorker, ForecastWorkerDied
 from .topas.config import option_number
 
 logger = logging.getLogger(__name__)
@@ -164,10 +164,6 @@ class ForecastConfig:
 # tasks; 10k tasks already take minutes of CPU per trace, beyond which a forecast never lands.
 MAX_FORECAST_TASKS = 10_000
 
-# Seconds close() waits for the forecast worker to exit after SIGTERM (it exits in well under
-# a second; the bound keeps an engine's shutdown bounded whatever happens).
-CLOSE_GRACE_S = 5.0
-
 ForecastMode = Literal["inline", "background"]
 ForecastScore = Literal["combined", "regret"]
 ForecastSwitch = Literal["fresh", "modelled"]
@@ -237,7 +233,7 @@ class ForecastGuard:
         self._early = self.config.early if 0 < self.config.early < self.config.first else 0
         self._next = self._early or self.config.first
         self.errors: list[str] = []  # background forecasts that failed (the policy ran on)
-        self._pool: ProcessPoolExecutor | None = None
+        self._pool: ForecastWorker | None = None  # the background worker (forecast_worker.py)
         self._pending: _Pending | None = None  # the background forecast in flight
         self._worker_deaths = 0  # background workers that died (WORKER_STARTS)
 
@@ -267,17 +263,17 @@ class ForecastGuard:
             return
         if self._worker_deaths >= WORKER_STARTS:
             return
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         try:
-            self._pending = _Pending(self._pool.submit(run_forecast, job), job, margin)
-        except (BrokenProcessPool, RuntimeError, OSError) as exc:  # a dead pool must not stop decide()
+            if self._pool is None:
+                self._pool = ForecastWorker()
+                weakref.finalize(self, self._pool.close)
+            self._pending = _Pending(self._pool.submit(job), job, margin)
+        except (RuntimeError, OSError) as exc:  # a worker that cannot start or is gone must not stop decide()
             self._forecast_failed(exc, worker_died=True)
 
     def _forecast_failed(self, exc: BaseException, *, worker_died: bool) -> None:
-        """Record a failed forecast; a dead worker's pool is dropped (the next checkpoint
-        starts a new one, up to WORKER_STARTS), and the running policy keeps deciding."""
+        """Record a failed forecast; a dead worker is dropped (the next checkpoint starts a
+        new one, up to WORKER_STARTS), and the running policy keeps deciding."""
         self.errors.append(f"{type(exc).__name__}: {exc}")
         what = f"{self.active_name} keeps running"
         if worker_died:
@@ -291,7 +287,7 @@ class ForecastGuard:
         try:
             scores = pending.future.result()
         except Exception as exc:  # noqa: BLE001 - a failed forecast keeps the running policy
-            self._forecast_failed(exc, worker_died=isinstance(exc, BrokenProcessPool))
+            self._forecast_failed(exc, worker_died=isinstance(exc, ForecastWorkerDied))
             return
         self._choose(pending.job, scores, now, pending.margin)
 
@@ -310,16 +306,8 @@ class ForecastGuard:
         that is done with the policy: the interpreter would otherwise wait for that forecast
         at exit). The policy keeps deciding with what it has; a later checkpoint starts anew."""
         pool, self._pool, self._pending = self._pool, None, None
-        if pool is None:
-            return
-        # ProcessPoolExecutor (3.11) cannot cancel a running call: stop its worker directly,
-        # and wait for it, so the worker is gone when close() returns.
-        processes = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.join(CLOSE_GRACE_S)
+        if pool is not None:
+            pool.close()  # it is gone when close() returns
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until a background forecast in flight has landed (tests, shutdown)."""
