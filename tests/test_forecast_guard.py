@@ -234,6 +234,9 @@ def test_background_forecast_lands_at_a_later_decision():
     assert len(run.tasks) == 10 and guard.errors == []
     guard.wait(timeout_s=120)
     assert guard._pending is not None and guard._pending.future.done()
+    os.kill(guard._pool.pid, signal.SIGINT)  # Ctrl-C reaches the process group: the parent stops it
+    time.sleep(0.5)
+    assert guard._pool.alive()
     _run(guard, load_rate=0.08, tasks=1, seed=4)  # the next decision applies it
     (landed,) = guard.history  # (no early forecast here: one checkpoint in flight at a time)
     # submitted at the 8th arrival (7 gaps); applied at the second run's first decision, whose

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
@@ -140,6 +141,9 @@ def main() -> int:
     """The worker's loop: a job in, its scores (or its exception) out, until stdin closes."""
     from .forecast_run import run_forecast
 
+    # Ctrl-C in a terminal reaches the whole process group: the parent stops this worker
+    # itself (close(), or the end of stdin), without a KeyboardInterrupt traceback from here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not corrupt the result stream
     while (job := _read(inp)) is not _EOF:
