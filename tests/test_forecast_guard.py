@@ -323,6 +323,26 @@ def test_a_script_without_the_main_guard_runs_once_and_gets_its_forecast(tmp_pat
     assert "forecasts 1 errors 0" in done.stdout
 
 
+def test_the_worker_takes_a_large_job_without_blocking_and_returns_its_error():
+    """A job larger than a pipe's buffer is written by a thread (decide() must not wait for the
+    worker's start-up), and a forecast that raises comes back as its exception."""
+    from topas_agents.policies.forecast_worker import ForecastWorker
+
+    worker = ForecastWorker()
+    try:
+        os.kill(worker.pid, signal.SIGSTOP)  # a worker that reads nothing yet (a slow start-up)
+        started = time.monotonic()
+        future = worker.submit(b"x" * (8 << 20))  # 8 MiB, far over a pipe's 64 KiB; not a ForecastJob
+        assert time.monotonic() - started < 5.0 and not future.done()
+        os.kill(worker.pid, signal.SIGCONT)
+        exc = future.exception(timeout=120)
+        assert isinstance(exc, Exception) and not isinstance(exc, fc.ForecastWorkerDied)
+        assert worker.alive()  # an error in a forecast is not a death
+    finally:
+        worker.close()
+    assert not worker.alive()
+
+
 def test_serve_rejects_an_inline_guard_with_one_line(capsys):
     from topas_agents.cli import main
 

@@ -19,7 +19,7 @@ import struct
 import subprocess
 import sys
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import IO, Any
 
 _HEADER = struct.Struct("!Q")
@@ -51,10 +51,11 @@ def _read(stream: IO[bytes]) -> Any:
 def _settle(future: Future[Any] | None, result: Any = None, exc: BaseException | None = None) -> None:
     if future is None or future.done():
         return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(result)
+    with contextlib.suppress(InvalidStateError):  # the writer and the reader may both settle it
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
 
 
 class ForecastWorker:
@@ -88,14 +89,22 @@ class ForecastWorker:
             if self._proc.poll() is not None:
                 raise ForecastWorkerDied(f"the forecast worker (pid {self.pid}) exited with {self._proc.returncode}")
             self._future = future
+        # Written by a thread: a job larger than the pipe's buffer would otherwise block the
+        # caller's decide() until the worker reads it (up to its start-up, about a second).
+        data = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        threading.Thread(target=self._send, args=(data, future), name="topas-forecast-writer", daemon=True).start()
+        return future
+
+    def _send(self, data: bytes, future: Future[Any]) -> None:
         try:
             assert self._proc.stdin is not None
-            _write(self._proc.stdin, job)
-        except OSError as exc:  # a broken pipe: it died before reading the job
+            self._proc.stdin.write(_HEADER.pack(len(data)) + data)
+            self._proc.stdin.flush()
+        except (OSError, ValueError) as exc:  # a broken pipe (it died), or closed by close()
             with self._lock:
-                self._future = None
+                if self._future is future:
+                    self._future = None
             _settle(future, exc=ForecastWorkerDied(f"the forecast worker (pid {self.pid}) is gone: {exc}"))
-        return future
 
     def _read_results(self) -> None:
         assert self._proc.stdout is not None
