@@ -343,6 +343,23 @@ def test_the_worker_takes_a_large_job_without_blocking_and_returns_its_error():
     assert not worker.alive()
 
 
+def test_the_worker_ignores_the_working_directory(tmp_path, monkeypatch):
+    """A server started from a folder holding another `topas_agents` (an older checkout) must
+    not hand that one to the worker (`-c` and `-m` put the working directory first)."""
+    from topas_agents.policies.forecast_worker import ForecastWorker
+
+    shadow = tmp_path / "topas_agents"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('the shadowing package was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    worker = ForecastWorker()
+    try:
+        exc = worker.submit(b"not a job").exception(timeout=120)
+        assert isinstance(exc, AttributeError)  # the real run_forecast ran, and raised on the bytes
+    finally:
+        worker.close()
+
+
 def test_serve_rejects_an_inline_guard_with_one_line(capsys):
     from topas_agents.cli import main
 

@@ -1,7 +1,7 @@
 """The forecast guard's background worker: one child interpreter that runs forecasts.
 
-It is started as `python -m topas_agents.policies.forecast_worker`, not as a multiprocessing
-pool. A spawned pool re-imports the parent's `__main__`: a user's script that embeds the server
+It is a child interpreter running `main()` below, not a multiprocessing pool. A spawned pool
+re-imports the parent's `__main__`: a user's script that embeds the server
 (`start_server_in_thread`) without the `if __name__ == "__main__":` guard ran again inside the
 worker (its server, its calls, its files), and the worker itself never started. This child
 imports only this package. Jobs and results travel as length-prefixed pickles over its stdin
@@ -23,6 +23,10 @@ from concurrent.futures import Future, InvalidStateError
 from typing import IO, Any
 
 _HEADER = struct.Struct("!Q")
+# The child's entry. `-c` (like `-m`) puts the working directory first on sys.path: dropped, so
+# a folder the server was started from (an older checkout, a stray `numpy.py`) cannot shadow
+# the parent's modules; the package's own root comes through PYTHONPATH.
+_BOOT = "import sys; del sys.path[0]; from topas_agents.policies.forecast_worker import main; sys.exit(main())"
 _EOF = object()
 # close(): how long the worker may take to exit after SIGTERM before it is killed.
 CLOSE_GRACE_S = 5.0
@@ -67,7 +71,7 @@ class ForecastWorker:
         root = os.path.dirname(os.path.dirname(os.path.abspath(topas_agents.__file__)))
         env = dict(os.environ)  # the package must import in the child even when not installed
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, env=env, close_fds=True)
         self._lock = threading.Lock()
         self._future: Future[Any] | None = None
