@@ -360,6 +360,35 @@ def test_the_worker_ignores_the_working_directory(tmp_path, monkeypatch):
         worker.close()
 
 
+def test_a_server_keeps_serving_when_its_forecast_worker_is_killed():
+    """Before: the next checkpoint raised BrokenProcessPool out of decide(); the sim server's
+    engine loop then marked the engine failed and answered every later call with 503."""
+    import httpx
+
+    from topas_agents.server import ServerConfig, start_server_in_thread
+
+    config = ServerConfig(time_scale=200.0, workflows=("chain3",),
+                          policy_options=(("forecast_tasks", "5000"), ("forecast_candidates", "lpm")))
+    with start_server_in_thread(config) as server, httpx.Client(base_url=server.base_url, timeout=60) as client:
+        guard = server.service.engine.policy
+
+        def run_task(i: int) -> list[int]:
+            return [client.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+                "topas": {"task_id": f"t{i}", "stage": s, "agent": a, "workflow": "chain3"}}).status_code
+                for s, a in (("s1", "a"), ("s2", "b"), ("s3", "c"))]
+
+        for i in range(6):
+            assert run_task(i) == [200] * 3
+        deadline = time.monotonic() + 60
+        while guard._pool is None and time.monotonic() < deadline:  # the early checkpoint (4th task)
+            time.sleep(0.05)
+        os.kill(guard._pool.pid, signal.SIGKILL)
+        for i in range(6, 20):  # past the checkpoints at 8 and 16 arrivals
+            assert run_task(i) == [200] * 3
+        assert guard.errors and guard.errors[0].startswith("ForecastWorkerDied")
+
+
 def test_serve_rejects_an_inline_guard_with_one_line(capsys):
     from topas_agents.cli import main
 
