@@ -389,6 +389,38 @@ def test_a_server_keeps_serving_when_its_forecast_worker_is_killed():
         assert guard.errors and guard.errors[0].startswith("ForecastWorkerDied")
 
 
+def test_the_worker_exits_when_its_parent_dies():
+    """A replica or SGLang scheduler killed with SIGKILL leaves no forecast worker behind: the
+    worker reads the end of its stdin and exits."""
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "from topas_agents.policies.forecast_worker import ForecastWorker; import time; "
+        "w = ForecastWorker(); print(w.pid, flush=True); time.sleep(120)")], stdout=subprocess.PIPE, text=True)
+    try:
+        worker_pid = int(parent.stdout.readline())
+        assert not _exited(worker_pid)
+        parent.kill()
+        parent.wait(30)
+        deadline = time.monotonic() + 30
+        while not _exited(worker_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _exited(worker_pid), f"the forecast worker {worker_pid} outlived its parent"
+    finally:
+        parent.kill()
+        parent.stdout.close()
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie (exited; whoever adopted the orphan has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def test_serve_rejects_an_inline_guard_with_one_line(capsys):
     from topas_agents.cli import main
 
