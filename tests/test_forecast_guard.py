@@ -234,9 +234,9 @@ def test_background_forecast_lands_at_a_later_decision():
     assert len(run.tasks) == 10 and guard.errors == []
     guard.wait(timeout_s=120)
     assert guard._pending is not None and guard._pending.future.done()
-    os.kill(guard._pool.pid, signal.SIGINT)  # Ctrl-C reaches the process group: the parent stops it
+    os.kill(guard._worker.pid, signal.SIGINT)  # Ctrl-C reaches the process group: the parent stops it
     time.sleep(0.5)
-    assert guard._pool.alive()
+    assert guard._worker.alive()
     _run(guard, load_rate=0.08, tasks=1, seed=4)  # the next decision applies it
     (landed,) = guard.history  # (no early forecast here: one checkpoint in flight at a time)
     # submitted at the 8th arrival (7 gaps); applied at the second run's first decision, whose
@@ -252,18 +252,18 @@ def test_close_stops_a_forecast_in_flight():
                                   "forecast_candidates": "lpm"})
     _run(guard, load_rate=0.08, tasks=10)
     assert guard._pending is not None and not guard._pending.future.done()
-    worker = guard._pool
+    worker = guard._worker
     assert worker.alive()
     started = time.monotonic()
     guard.close()
     assert not worker.alive() and time.monotonic() - started < 30
-    assert guard._pool is None and guard._pending is None
+    assert guard._worker is None and guard._pending is None
     close_policy(guard)  # twice is harmless, as is closing a policy that holds nothing
     close_policy(make_policy("lpm"))
 
 
 def _kill_worker(guard) -> None:
-    os.kill(guard._pool.pid, signal.SIGKILL)
+    os.kill(guard._worker.pid, signal.SIGKILL)
     wait([guard._pending.future], timeout=60)
     assert guard._pending.future.done()
 
@@ -282,7 +282,7 @@ def test_a_dead_forecast_worker_is_replaced_once_and_never_stops_decide(caplog):
         _kill_worker(guard)
         run = _run(guard, load_rate=0.08, tasks=30, seed=6)  # past the checkpoint at 32
         assert len(run.tasks) == 30 and len(guard.errors) == 2
-        assert guard._pool is None and guard._pending is None  # no third worker
+        assert guard._worker is None and guard._pending is None  # no third worker
         assert "died 2 times, so forecasts stop" in caplog.text
         assert guard.active is guard.topas and not guard.history
     finally:
@@ -381,9 +381,9 @@ def test_a_server_keeps_serving_when_its_forecast_worker_is_killed():
         for i in range(6):
             assert run_task(i) == [200] * 3
         deadline = time.monotonic() + 60
-        while guard._pool is None and time.monotonic() < deadline:  # the early checkpoint (4th task)
+        while guard._worker is None and time.monotonic() < deadline:  # the early checkpoint (4th task)
             time.sleep(0.05)
-        os.kill(guard._pool.pid, signal.SIGKILL)
+        os.kill(guard._worker.pid, signal.SIGKILL)
         for i in range(6, 20):  # past the checkpoints at 8 and 16 arrivals
             assert run_task(i) == [200] * 3
         assert guard.errors and guard.errors[0].startswith("ForecastWorkerDied")

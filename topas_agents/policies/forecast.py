@@ -46,8 +46,8 @@ from .topas.config import option_number
 
 logger = logging.getLogger(__name__)
 # A worker that died once (the OOM killer, a stray kill) is replaced at the next checkpoint; one
-# that dies again will not do better (a script without the `if __name__ == "__main__":` guard
-# cannot spawn one at all): background forecasts then stop and the running policy decides on.
+# that dies again will not do better (an interpreter that cannot start it, memory too short for
+# a forecast): background forecasts then stop and the running policy decides on.
 WORKER_STARTS = 2
 
 
@@ -233,7 +233,7 @@ class ForecastGuard:
         self._early = self.config.early if 0 < self.config.early < self.config.first else 0
         self._next = self._early or self.config.first
         self.errors: list[str] = []  # background forecasts that failed (the policy ran on)
-        self._pool: ForecastWorker | None = None  # the background worker (forecast_worker.py)
+        self._worker: ForecastWorker | None = None  # the background worker (forecast_worker.py)
         self._pending: _Pending | None = None  # the background forecast in flight
         self._worker_deaths = 0  # background workers that died (WORKER_STARTS)
 
@@ -264,10 +264,10 @@ class ForecastGuard:
         if self._worker_deaths >= WORKER_STARTS:
             return
         try:
-            if self._pool is None:
-                self._pool = ForecastWorker()
-                weakref.finalize(self, self._pool.close)
-            self._pending = _Pending(self._pool.submit(job), job, margin)
+            if self._worker is None:
+                self._worker = ForecastWorker()
+                weakref.finalize(self, self._worker.close)
+            self._pending = _Pending(self._worker.submit(job), job, margin)
         except (RuntimeError, OSError) as exc:  # a worker that cannot start or is gone must not stop decide()
             self._forecast_failed(exc, worker_died=True)
 
@@ -305,9 +305,9 @@ class ForecastGuard:
         """Stop the background worker, a forecast in flight included (a benchmark or an engine
         that is done with the policy: the interpreter would otherwise wait for that forecast
         at exit). The policy keeps deciding with what it has; a later checkpoint starts anew."""
-        pool, self._pool, self._pending = self._pool, None, None
-        if pool is not None:
-            pool.close()  # it is gone when close() returns
+        worker, self._worker, self._pending = self._worker, None, None
+        if worker is not None:
+            worker.close()  # it is gone when close() returns
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until a background forecast in flight has landed (tests, shutdown)."""
