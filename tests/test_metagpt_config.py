@@ -212,7 +212,7 @@ def test_prepare_metagpt_writes_nothing_outside_its_root(tmp_path):
     code = textwrap.dedent(f"""
         from topas_agents.integrations.metagpt.environment import prepare_metagpt
         rt = prepare_metagpt({str(root)!r}, log_level="ERROR")
-        import metagpt.team, metagpt.const
+        import metagpt.team, metagpt.const, metagpt.provider
         from topas_agents.integrations.metagpt import context
         ctx = context.metagpt_context("http://127.0.0.1:9/v1", rt.root, "proj_x")
         print(metagpt.const.METAGPT_ROOT, ctx.config.workspace.path, context.artifacts_dir(ctx), ctx.config.llm.stream)
@@ -226,5 +226,7 @@ def test_prepare_metagpt_writes_nothing_outside_its_root(tmp_path):
     assert Path(mg_root) == root.resolve() and Path(workspace) == root.resolve() / "workspace"
     assert Path(artifacts) == root.resolve() / "workspace" / "proj_x"  # MetaGPT's layout, not nested twice
     assert stream == "False"
+    # two dependency notices printed on every run, about their own futures (see environment.py)
+    assert "Google will stop supporting" not in out.stderr and "No redis installed" not in out.stderr
     assert _files(cwd) == set() and _files(home) == set()
     assert {"config/config2.yaml", "logs", "workspace"} <= _files(root)

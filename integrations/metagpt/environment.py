@@ -20,6 +20,7 @@ import importlib.util
 import logging
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,7 +85,29 @@ def prepare_metagpt(root: str | Path = DEFAULT_ROOT, *, log_level: str = "WARNIN
                     home_config_path(), config_file)
     os.environ["METAGPT_PROJECT_ROOT"] = str(root)
     os.environ.setdefault("AGENTOPS_LOGGING_TO_FILE", "False")
+    _quiet_dependency_notices()
     from metagpt.logs import define_log_level
 
     define_log_level(print_level=log_level.upper())
     return MetaGPTRuntime(root, config_file, _version())
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+def _quiet_dependency_notices() -> None:
+    """Two import-time notices of MetaGPT's dependencies, printed on every run and about their
+    own futures, not the run: google-api-core's FutureWarning on Python 3.11 support, and
+    qianfan's "No redis installed" (a rate limiter for its own SDK, unused here). Only these
+    two messages are dropped; everything else from those packages still shows."""
+    warnings.filterwarnings("ignore", message=r"You are using a Python version .* which Google will stop",
+                            category=FutureWarning)
+    qianfan = logging.getLogger("qianfan")
+    if not any(isinstance(f, _DropMessage) for f in qianfan.filters):
+        qianfan.addFilter(_DropMessage("No redis installed"))
