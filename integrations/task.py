@@ -57,6 +57,13 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def refused_key_message(base_url: str, api_key: str | None, status: int) -> str:
+    """What a client command says when the server answers 401/403 to its probe: a refused key,
+    or a call that sent none (the commands take --api-key or TOPAS_API_KEY)."""
+    what = "the API key" if api_key else "a call without an API key (give --api-key KEY or set TOPAS_API_KEY)"
+    return f"the server at {base_url} refused {what} (HTTP {status})"
+
+
 def done_url(base_url: str, task_id: str) -> str:
     return f"{server_root(base_url)}/v1/topas/tasks/{quote(task_id, safe='')}/done"
 

@@ -109,7 +109,10 @@ def test_a_server_refusing_the_key_is_a_one_line_error(tmp_path, capsys):
 
     with start_server_in_thread(ServerConfig(api_keys=("secret-key",), time_scale=400)) as handle:
         rc = main(["run", "sop", "--prompt", "x", "--server", handle.url, "--root", str(tmp_path)])
-        assert rc == 2 and "refused the API key" in capsys.readouterr().err
+        # before: "refused the API key" when none was given, which sent the user after a wrong key
+        assert rc == 2 and "refused a call without an API key (give --api-key KEY" in capsys.readouterr().err
+        rc = main(["run", "sop", "--prompt", "x", "--server", handle.url, "--root", str(tmp_path), "--api-key", "nope"])
+        assert rc == 2 and "refused the API key (HTTP 401)" in capsys.readouterr().err
         rc = main(["run", "sop", "--prompt", "Create a snake game.", "--server", handle.url, "--root", str(tmp_path),
                    "--api-key", "secret-key", "--parse-retries", "1", "--task-id-prefix", "sop"])
         captured = capsys.readouterr()

@@ -17,7 +17,7 @@ import httpx
 import yaml
 
 from topas_agents.errors import ConfigError
-from topas_agents.integrations.task import auth_headers, done_url, server_root
+from topas_agents.integrations.task import auth_headers, done_url, refused_key_message, server_root
 from topas_agents.workflow import Workflow
 
 log = logging.getLogger("topas.metagpt")
@@ -34,7 +34,7 @@ def probe_server(base_url: str, api_key: str | None = None, timeout_s: float = P
     except httpx.HTTPError as exc:
         raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
     if rsp.status_code in (401, 403):
-        raise ConfigError(f"the server at {base_url} refused the API key (HTTP {rsp.status_code})")
+        raise ConfigError(refused_key_message(base_url, api_key, rsp.status_code))
 
 
 def workflow_mapping(wf: Workflow) -> dict[str, Any]:

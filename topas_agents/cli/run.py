@@ -99,8 +99,9 @@ async def _run(args: argparse.Namespace, url: str) -> tuple[list[Any], Any, Any]
     from ..integrations.metagpt.server_api import fetch_stats, probe_server, register_workflow, server_info
 
     options = _options(args, url)
-    if args.server:
-        probe_server(url, options.api_key)  # a dead server: one line in seconds, not minutes of retries
+    if args.server:  # a dead server: one line in seconds, not minutes of retries; the key the
+        # user gave (options.api_key is MetaGPT's placeholder when none was), for the message
+        probe_server(url, client_api_key(args))
     info = server_info(url, options.api_key)  # a simulated engine reports JCT in its own (scaled) clock
     register_workflow(url, label_workflow(options.workflow, options.qa), options.api_key)
     recorder = CallRecorder(scaled_clock(info.clock_scale))

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from ..errors import ConfigError
-from ..integrations.task import auth_headers
+from ..integrations.task import auth_headers, refused_key_message
 from ..labels import Label
 from ..workflow import Workflow
 
@@ -38,8 +38,7 @@ def first_model_id(base_url: str, api_key: str | None = None) -> str:
     except httpx.HTTPError as exc:
         raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
     if r.status_code in (401, 403):
-        what = "the API key" if api_key else "a call without an API key (give --api-key KEY or set TOPAS_API_KEY)"
-        raise ConfigError(f"the server at {base_url} refused {what} (HTTP {r.status_code})")
+        raise ConfigError(refused_key_message(base_url, api_key, r.status_code))
     try:
         return str(r.json()["data"][0]["id"])
     except (ValueError, LookupError, TypeError):
