@@ -68,18 +68,21 @@ def done_url(base_url: str, task_id: str) -> str:
     return f"{server_root(base_url)}/v1/topas/tasks/{quote(task_id, safe='')}/done"
 
 
-def _report(task_id: str, rsp: httpx.Response | None, exc: Exception | None) -> bool:
+def _report(task_id: str, rsp: httpx.Response | None, exc: Exception | None, missing_ok: bool = False) -> bool:
     """True if the server closed the task; anything else is a warning, never an exception
-    (the block's own outcome matters more, and plain vLLM/SGLang have no such endpoint)."""
+    (the block's own outcome matters more, and plain vLLM/SGLang have no such endpoint).
+    `missing_ok`: a 404 is expected (a runner pointed at a server that may be plain SGLang)."""
     if exc is not None:
         log.warning("task-done for %s failed: %s", task_id, exc)
         return False
     assert rsp is not None
     if rsp.status_code == 404:
-        log.warning("task-done for %s: the server has no such task or no done endpoint", task_id)
+        if not missing_ok:
+            log.warning("task-done for %s: the server has no such task or no done endpoint", task_id)
     elif rsp.status_code in (401, 403):
-        log.warning("task-done for %s: the server refused the API key (HTTP %s): give task(api_key=...) "
-                    "or task(client=...) with the client that holds the server's key", task_id, rsp.status_code)
+        log.warning("task-done for %s: the server refused the API key (HTTP %s): give task(api_key=...), "
+                    "task(client=...) with the client that holds the server's key, or --api-key",
+                    task_id, rsp.status_code)
     elif rsp.status_code >= 400:
         log.warning("task-done for %s: HTTP %s %s", task_id, rsp.status_code, rsp.text[:200])
     return rsp.status_code < 400
@@ -94,14 +97,14 @@ def close_task(base_url: str, task_id: str, api_key: str | None = None) -> bool:
     return _report(task_id, rsp, None)
 
 
-async def aclose_task(base_url: str, task_id: str, api_key: str | None = None) -> bool:
+async def aclose_task(base_url: str, task_id: str, api_key: str | None = None, *, missing_ok: bool = False) -> bool:
     """POST the task-done call (async); True if the server accepted it."""
     try:
         async with httpx.AsyncClient(timeout=DONE_TIMEOUT_S) as client:
             rsp = await client.post(done_url(base_url, task_id), headers=auth_headers(api_key))
     except httpx.HTTPError as exc:
         return _report(task_id, None, exc)
-    return _report(task_id, rsp, None)
+    return _report(task_id, rsp, None, missing_ok)
 
 
 def base_url_of(client: Any) -> str:

@@ -204,12 +204,12 @@ def test_task_ids_with_slashes_and_escapes_close(server, task_id):
 
 async def test_metagpt_runner_closes_a_task_whose_id_holds_a_slash(server):
     # `topas run --task-id-prefix repo/x` ids: the runner's done call built the URL unescaped
-    from topas_agents.integrations.metagpt.server_api import notify_task_done
+    from topas_agents.integrations.task import aclose_task
 
     client = labelled(openai.AsyncOpenAI(base_url=server.url, api_key="x"))
     with label(task_id="repo/x b#1-0", stage="plan", agent="planner"):
         await client.chat.completions.create(model="m", messages=MSG, max_tokens=8)
-    assert await notify_task_done(server.url, "repo/x b#1-0")
+    assert await aclose_task(server.url, "repo/x b#1-0", missing_ok=True)
     assert _task(server, "repo/x b#1-0")["done"]
 
 

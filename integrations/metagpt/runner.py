@@ -34,6 +34,7 @@ from typing import Any, Literal
 from metagpt.team import Team
 
 from topas_agents.errors import ConfigError
+from topas_agents.integrations.task import aclose_task
 from topas_agents.labels import label
 from topas_agents.workflow import Workflow, load_workflow
 
@@ -44,7 +45,6 @@ from .provider import ProviderOptions, TopasOpenAILLM
 from .recorder import CallRecord, CallRecorder
 from .roles import StageMap, describe_error, make_role
 from .sandbox import SandboxContext, sandbox, sandbox_available
-from .server_api import notify_task_done
 from .team_leader import TeamLeader, wire_star
 
 WorkflowKind = Literal["sop", "tl"]
@@ -209,7 +209,8 @@ async def run_task(spec: TaskSpec, options: RunOptions, recorder: CallRecorder |
         error = await _run_team(t, spec, options, wf)
         wall = time.monotonic() - t0
     if options.notify_server:
-        await notify_task_done(options.base_url, spec.task_id, options.api_key)
+        # a 404 is expected: --server may be plain SGLang/vLLM, which has no done endpoint
+        await aclose_task(options.base_url, spec.task_id, options.api_key, missing_ok=True)
     calls = recorder.for_task(spec.task_id)
     per_stage = Counter(r.stage for r in calls)
     prefix: dict[str, int] = {}

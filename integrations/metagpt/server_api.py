@@ -17,7 +17,7 @@ import httpx
 import yaml
 
 from topas_agents.errors import ConfigError
-from topas_agents.integrations.task import auth_headers, done_url, refused_key_message, server_root
+from topas_agents.integrations.task import auth_headers, refused_key_message, server_root
 from topas_agents.workflow import Workflow
 
 log = logging.getLogger("topas.metagpt")
@@ -67,20 +67,6 @@ def register_workflow(base_url: str, wf: Workflow, api_key: str | None = None) -
         log.warning("server refused workflow %s (%s): %s", wf.name, rsp.status_code, rsp.text[:300])
         return False
     return True
-
-
-async def notify_task_done(base_url: str, task_id: str, api_key: str | None = None) -> bool:
-    """POST /v1/topas/tasks/{id}/done (the task's JCT ends at its last call)."""
-    url = done_url(base_url, task_id)  # the id percent-encoded: it may hold "/", "#" or spaces
-    try:
-        async with httpx.AsyncClient(timeout=TIMEOUT_S, headers=auth_headers(api_key)) as client:
-            rsp = await client.post(url)
-    except httpx.HTTPError as exc:
-        log.warning("task-done notification for %s failed: %s", task_id, exc)
-        return False
-    if rsp.status_code >= 400 and rsp.status_code != 404:
-        log.warning("task-done for %s: HTTP %s %s", task_id, rsp.status_code, rsp.text[:200])
-    return rsp.status_code < 400
 
 
 def fetch_stats(base_url: str, calls: int | None = None, api_key: str | None = None) -> dict[str, Any] | None:
