@@ -36,8 +36,12 @@ class ForecastWorkerDied(RuntimeError):
     """The worker process ended (killed, out of memory, or unable to start)."""
 
 
-def _write(stream: IO[bytes], obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+def _dumps(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _write(stream: IO[bytes], data: bytes) -> None:
+    """One message: its pickled `data`, after its length."""
     stream.write(_HEADER.pack(len(data)) + data)
     stream.flush()
 
@@ -95,15 +99,14 @@ class ForecastWorker:
             self._future = future
         # Written by a thread: a job larger than the pipe's buffer would otherwise block the
         # caller's decide() until the worker reads it (up to its start-up, about a second).
-        data = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
-        threading.Thread(target=self._send, args=(data, future), name="topas-forecast-writer", daemon=True).start()
+        threading.Thread(target=self._send, args=(_dumps(job), future), name="topas-forecast-writer",
+                         daemon=True).start()
         return future
 
     def _send(self, data: bytes, future: Future[Any]) -> None:
         try:
             assert self._proc.stdin is not None
-            self._proc.stdin.write(_HEADER.pack(len(data)) + data)
-            self._proc.stdin.flush()
+            _write(self._proc.stdin, data)
         except (OSError, ValueError) as exc:  # a broken pipe (it died), or closed by close()
             with self._lock:
                 if self._future is future:
@@ -165,7 +168,7 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 - the guard reports it and keeps its policy
             message = (False, _picklable(exc))
         try:
-            _write(out, message)
+            _write(out, _dumps(message))
         except OSError:  # the parent is gone
             return 0
     return 0
