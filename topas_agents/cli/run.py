@@ -79,13 +79,12 @@ def _specs(args: argparse.Namespace) -> list[Any]:
     return [TaskSpec(f"{prefix}-{p.task_id}", p.prompt, p.name) for p in load_softwaredev(args.limit)]
 
 
-def _options(args: argparse.Namespace, url: str) -> Any:
+def _options(args: argparse.Namespace, url: str, key: str | None) -> Any:
     from ..integrations.metagpt.cli_support import max_tokens_options
     from ..integrations.metagpt.runner import RunOptions
 
     extra: dict[str, Any] = {"model": args.model} if args.model else {}
     extra.update(max_tokens_options(args.max_tokens, external=args.server is not None))
-    key = client_api_key(args) if args.server else None
     if key:
         extra["api_key"] = key
     return RunOptions(base_url=url, workflow=args.workflow, root=args.root, restructure=not args.no_restructure,
@@ -98,10 +97,11 @@ async def _run(args: argparse.Namespace, url: str) -> tuple[list[Any], Any, Any]
     from ..integrations.metagpt.runner import attach_server_view, label_workflow, run_tasks
     from ..integrations.metagpt.server_api import fetch_stats, probe_server, register_workflow, server_info
 
-    options = _options(args, url)
+    key = client_api_key(args) if args.server else None
+    options = _options(args, url, key)
     if args.server:  # a dead server: one line in seconds, not minutes of retries; the key the
         # user gave (options.api_key is MetaGPT's placeholder when none was), for the message
-        probe_server(url, client_api_key(args))
+        probe_server(url, key)
     info = server_info(url, options.api_key)  # a simulated engine reports JCT in its own (scaled) clock
     register_workflow(url, label_workflow(options.workflow, options.qa), options.api_key)
     recorder = CallRecorder(scaled_clock(info.clock_scale))
