@@ -56,11 +56,33 @@ def run_server(config: ServerConfig, *, responder: Responder | None = None,
     return 0
 
 
+def tcp_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: a free one) whose accepted connections
+    send without Nagle's delay. asyncio turns Nagle off (TCP_NODELAY) on an accepted socket
+    only if its protocol number is IPPROTO_TCP, and `socket.create_server` or
+    `socket.socket(AF_INET, SOCK_STREAM)` leave it 0: uvicorn then wrote a response in pieces
+    that waited for the client's delayed ACK, 40 ms on every call after a connection's first
+    (measured: 46 ms against 4 ms for a one-token call on the embedded server)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      proto=socket.IPPROTO_TCP)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited on Linux; belt and braces
+        if family == socket.AF_INET6:  # as socket.create_server: an IPv6 host serves IPv6 only
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(addr)
+        sock.listen(4096)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def _listen(host: str, port: int) -> socket.socket:
     """A listening socket on host:port, or a one-line ConfigError (a busy port, a bad host)."""
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family, backlog=4096)
+        return tcp_listener(host, port)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
@@ -101,9 +123,7 @@ def start_server_in_thread(config: ServerConfig | None = None, *, responder: Res
     """Start the server on a free loopback port (`config.port` is ignored) in a daemon thread."""
     config = config or ServerConfig()
     app = build_app(config, responder=responder, engine_factory=engine_factory)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.host, 0))
+    sock = tcp_listener(config.host, 0)
     host, port = sock.getsockname()[:2]
     server = _DrainingServer(_uvicorn_config(app, config, log_config=None), app.state.service,
                              config.drain_timeout_s)
