@@ -153,6 +153,24 @@ def test_stats_and_metrics_are_one_view(cluster):
     assert httpx.get(cluster.base_url + "/health").json()["replicas_up"] == 3
 
 
+def test_a_client_reads_the_cluster_as_one_server(cluster):
+    # `topas run/eval --server FRONT` read the engine, clock and per-task JCT as from one server:
+    # without these keys they reported JCT null in "wall seconds" against a simulated cluster
+    from topas_agents.integrations.metagpt.server_api import fetch_stats, server_info
+
+    with httpx.Client(timeout=30) as client:
+        for stage, agent in STAGES:
+            _send(client, cluster.url, "one-view-1", stage, agent, endpoint="chat", stream=False, how="body")
+    info = server_info(cluster.url)
+    assert (info.engine, info.time_scale, info.jct_unit) == ("sim", 100.0, "simulated seconds")
+    stats = fetch_stats(cluster.url)
+    [item] = [t for t in stats["tasks"]["items"] if t["task_id"] == "one-view-1"]
+    assert item["done"] and len(item["replicas"]) == 1
+    assert item["jct_s"] == pytest.approx(item["finish_s"] - item["arrival_s"]) and item["jct_s"] > 0
+    assert {name: st["calls"] for name, st in item["stages"].items()} == {"s1": 1, "s2": 1, "s3": 1}
+    assert sorted(c["stage"] for c in stats["calls"] if c["task_id"] == "one-view-1") == ["s1", "s2", "s3"]
+
+
 def test_children_are_own_process_groups(cluster):
     for child in cluster.children:
         assert os.getpgid(child.pid) == child.pid

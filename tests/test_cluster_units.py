@@ -113,6 +113,30 @@ def test_aggregate_merges_split_tasks():
     assert c["jct"]["count"] == 2 and c["jct"]["mean_s"] == pytest.approx((4.0 + 4.0) / 2)
     assert c["clock_skew_s"] == pytest.approx(1.0)
     assert view["replicas"][2]["status"] is None
+    # the per-task items, in a replica's shape: a split task runs from its first arrival to its
+    # last finish and sums its stages; a task of one replica keeps that replica's fields
+    items = {t["task_id"]: t for t in view["tasks"]["items"]}
+    assert items["x"]["replicas"] == [1, 2] and items["x"]["jct_s"] == pytest.approx(4.0)
+    assert items["x"]["stages"] == {"s1": {"calls": 1}, "s2": {"calls": 1}}
+    assert items["y"]["replicas"] == [1] and items["y"]["jct_s"] == pytest.approx(4.0)
+
+
+def test_aggregate_reads_the_replicas_as_one_server():
+    server = {"engine": "sim", "policy": "topas", "profile": "p", "time_scale": 50.0, "responder": "echo",
+              "model": "m", "status": "ok"}
+    a = {**_stats([{"task_id": "x", "arrival_s": 0.0, "finish_s": None, "done": False, "in_flight": 1,
+                    "done_reason": None, "stages": {"s1": {"calls": 2, "done": False}}}]),
+         "server": server, "calls": [{"task_id": "x", "stage": "s1"}]}
+    b = {**_stats([{"task_id": "x", "arrival_s": 1.0, "finish_s": 3.0, "done": True, "in_flight": 0,
+                    "done_reason": "explicit", "stages": {"s1": {"calls": 1, "done": True}}}]),
+         "server": {**server, "policy": "lpm"}, "calls": [{"task_id": "x", "stage": "s1"}]}
+    view = aggregate_stats([ReplicaAnswer("u1", 200, a), ReplicaAnswer("u2", 200, b)])
+    # fields the replicas disagree on are None: one replica's value would misreport the other
+    assert view["server"] == {**{k: v for k, v in server.items() if k != "status"}, "policy": None}
+    [x] = view["tasks"]["items"]
+    assert (x["done"], x["done_reason"], x["jct_s"], x["in_flight"]) == (False, None, None, 1)
+    assert x["stages"] == {"s1": {"calls": 3, "done": True}}
+    assert len(view["calls"]) == 2
 
 
 def test_fan_out_answers():

@@ -42,13 +42,18 @@ def _quantile(values: Sequence[float], p: float) -> float | None:
 
 
 def merge_tasks(per_replica: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]) -> dict[str, dict[str, Any]]:
-    """task id -> merged record with the replicas (1-based) that served it."""
+    """task id -> merged record in a replica's own item shape (`server/stats.py` `task_json`),
+    plus the replicas (1-based) that served it. A task served by one replica keeps that
+    replica's fields; a split task (failover) runs from its earliest arrival to its latest
+    finish, is done when every part is, and sums its stages' counts."""
     merged: dict[str, dict[str, Any]] = {}
     for idx, items in per_replica:
         for item in items:
             tid = item["task_id"]
-            m = merged.setdefault(tid, {"task_id": tid, "replicas": [], "arrival_s": None, "finish_s": None,
-                                        "done": True, "calls": 0})
+            m = merged.get(tid)
+            if m is None:
+                m = merged[tid] = {**item, "replicas": [], "arrival_s": None, "finish_s": None, "done": True,
+                                   "stages": {}, "calls": 0}
             m["replicas"].append(idx)
             arr, fin = item.get("arrival_s"), item.get("finish_s")
             if arr is not None:
@@ -56,8 +61,37 @@ def merge_tasks(per_replica: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]) 
             if fin is not None:
                 m["finish_s"] = fin if m["finish_s"] is None else max(m["finish_s"], fin)
             m["done"] = m["done"] and bool(item.get("done"))
+            if len(m["replicas"]) > 1:  # the first replica's count is already in the copy
+                m["in_flight"] = int(m.get("in_flight") or 0) + int(item.get("in_flight") or 0)
+            for name, stage in (item.get("stages") or {}).items():
+                _merge_stage(m["stages"].setdefault(name, {}), stage)
             m["calls"] += sum(int(st.get("calls", 0)) for st in (item.get("stages") or {}).values())
+    for m in merged.values():
+        done = m["done"] and m["finish_s"] is not None and m["arrival_s"] is not None
+        m["jct_s"] = m["finish_s"] - m["arrival_s"] if done else None
+        if not m["done"]:
+            m["done_reason"] = None
     return merged
+
+
+def _merge_stage(into: dict[str, Any], stage: Mapping[str, Any]) -> None:
+    """One replica's counts of a stage added to the merged stage (done: on any replica)."""
+    for key, value in stage.items():
+        if isinstance(value, bool):
+            into[key] = into.get(key, False) or value
+        elif isinstance(value, int | float):
+            into[key] = into.get(key, 0) + value
+
+
+def common_server(bodies: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The replicas' `server` block: each field where every replica that answered agrees, else
+    None (so a client reads the engine, clock and responder of the cluster as of one server)."""
+    blocks = [b.get("server") if isinstance(b.get("server"), Mapping) else {} for b in bodies]
+    out: dict[str, Any] = {}
+    for key in ("engine", "policy", "profile", "time_scale", "responder", "model"):
+        values = {repr(blk.get(key)) for blk in blocks}
+        out[key] = blocks[0].get(key) if blocks and len(values) == 1 else None
+    return out
 
 
 def _jct(tasks: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -104,6 +138,10 @@ def aggregate_stats(answers: Sequence[ReplicaAnswer]) -> dict[str, Any]:
             "clock_skew_s": (max(clocks) - min(clocks)) if clocks else None,
         },
         "replicas": replicas,
+        # what a client reads from one server's stats, in the same shape (topas run/eval --server)
+        "server": common_server(bodies),
+        "tasks": {"items": list(tasks.values())},
+        "calls": [c for s in bodies for c in (s.get("calls") or [])],
     }
 
 
