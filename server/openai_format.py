@@ -1,5 +1,6 @@
-"""OpenAI response objects and SSE framing for chat completions and completions, and the
-request's function tools (`tools`, `tool_choice`): parsed here, answered with `tool_calls`.
+"""OpenAI response objects and SSE framing for chat completions and completions, the
+request's function tools (`tools`, `tool_choice`): parsed here, answered with `tool_calls`,
+and its `response_format` (parsed here; the responders answer JSON for the JSON formats).
 
 A call that answers with a tool call carries a `ToolCall` (`Call.tool_call`); its `Call.text`
 is the call's JSON arguments, so streaming sends the arguments in pieces exactly as it sends
@@ -134,6 +135,55 @@ def parse_tools(body: Mapping[str, Any]) -> ToolRequest:
     choice = _tool_choice(body.get("tool_choice"), tools)
     cost = count_tokens(json.dumps(raw, separators=(",", ":"))) if tools else 0
     return ToolRequest(tools, choice, cost)
+
+
+# ---------------------------------------------------------------------------- response_format (request)
+
+ResponseFormatKind = Literal["text", "json_object", "json_schema", "structural_tag"]
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    """A request's `response_format` (SGLang 0.5.23 reads it on chat and completions). The
+    echo and lorem responders answer JSON for `json_object` and `json_schema` (a value of the
+    schema); `structural_tag` (SGLang's tags) is answered as text."""
+
+    kind: ResponseFormatKind = "text"
+    schema: Mapping[str, Any] = field(default_factory=dict)  # json_schema: the schema ({}: any)
+
+    @property
+    def json(self) -> bool:
+        return self.kind in ("json_object", "json_schema")
+
+
+TEXT_FORMAT = ResponseFormat()
+_FORMAT_KINDS = ("text", "json_object", "json_schema", "structural_tag")
+
+
+def parse_response_format(body: Mapping[str, Any]) -> ResponseFormat:
+    """`response_format`, as SGLang takes it: `{"type": "json_schema", "json_schema": {"name":
+    ..., "schema": {...}}}`, or the schema directly under `response_format.schema`; a
+    malformed one is a 400 naming the field (SGLang answers those with an error too)."""
+    raw = body.get("response_format")
+    if raw is None:
+        return TEXT_FORMAT
+    kind = raw.get("type") if isinstance(raw, Mapping) else None
+    if kind not in _FORMAT_KINDS:
+        raise bad_request(f"'response_format' must be an object whose 'type' is one of {', '.join(_FORMAT_KINDS)}, "
+                          f"got {_short(raw)}", "response_format")
+    if kind != "json_schema":
+        return TEXT_FORMAT if kind == "text" else ResponseFormat(kind)
+    spec = raw.get("json_schema")
+    if spec is None and isinstance(raw.get("schema"), Mapping):
+        return ResponseFormat("json_schema", raw["schema"])
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+        raise bad_request("response_format.json_schema must be an object with a string 'name' and a JSON "
+                          f"schema object 'schema', got {_short(spec)}", "response_format")
+    schema = spec.get("schema")
+    if schema is not None and not isinstance(schema, Mapping):
+        raise bad_request(f"response_format.json_schema.schema must be a JSON schema object, got {_short(schema)}",
+                          "response_format")
+    return ResponseFormat("json_schema", schema or {})
 
 
 def tool_call_of(call: Call) -> ToolCall | None:

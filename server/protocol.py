@@ -1,8 +1,9 @@
 """Parsing and validating OpenAI request bodies (chat completions and completions).
 
 Only what the simulator needs is interpreted: the prompt text (token counts, responder
-input), `max_tokens`, `n` (must be 1), `stream`, `stream_options.include_usage`, and a chat
-request's `tools`/`tool_choice` (openai_format.parse_tools).
+input), `max_tokens`, `n` (must be 1), `stream`, `stream_options.include_usage`, a chat
+request's `tools`/`tool_choice` (openai_format.parse_tools) and `response_format`
+(openai_format.parse_response_format: the reply is JSON when JSON is asked for).
 Sampling parameters are checked as SGLang checks them (`_check_sampling`: a request the real
 server would refuse is refused here too, not served) and otherwise ignored. Errors are
 `ApiError(400)` naming the field.
@@ -20,7 +21,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from . import tokens
 from .api_errors import bad_request
-from .openai_format import NO_TOOLS, ToolRequest, parse_tools
+from .openai_format import (
+    NO_TOOLS,
+    TEXT_FORMAT,
+    ResponseFormat,
+    ToolRequest,
+    parse_response_format,
+    parse_tools,
+)
 
 CallKind = Literal["chat", "completion"]
 # Largest max_tokens accepted: above any KV budget (such a call is a 400 anyway), and it keeps
@@ -60,6 +68,7 @@ class ParsedCall:
     prompt_tokens: int  # whole prompt, framing included (chat)
     system_tokens: int  # leading system messages: the default agent-prefix estimate
     tools: ToolRequest = NO_TOOLS  # chat: the function tools offered and tool_choice
+    response_format: ResponseFormat = TEXT_FORMAT  # JSON asked for: the responders answer JSON
 
     @property
     def last_user(self) -> str:
@@ -211,11 +220,13 @@ def parse_chat(body: Any) -> ParsedCall:
     system = sum(tokens.message_tokens(c) for c in leading)
     tools = parse_tools(body)
     prompt = tokens.chat_tokens(m.content for m in messages) + tools.prompt_tokens
-    return ParsedCall("chat", model, messages, max_tokens, stream, usage, prompt, system, tools)
+    return ParsedCall("chat", model, messages, max_tokens, stream, usage, prompt, system, tools,
+                      parse_response_format(body))
 
 
 def parse_completion(body: Any) -> ParsedCall:
     model, max_tokens, stream, usage = _common(body)
     text, given = _prompt(body)
     prompt = given if given is not None else max(1, tokens.count_tokens(text))
-    return ParsedCall("completion", model, (Message("user", text),), max_tokens, stream, usage, prompt, 0)
+    return ParsedCall("completion", model, (Message("user", text),), max_tokens, stream, usage, prompt, 0,
+                      response_format=parse_response_format(body))

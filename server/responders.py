@@ -4,13 +4,15 @@
   request that offers `tools` with a call of one of them (the forced one, else the one the
   last user message names, else the first), its arguments filled from the JSON schema (see
   `schema_fill.tool_arguments`); `tool_result` answers text once a tool result follows the last user
-  message, so agent loops end (tool_choice "auto"). Then a strategy table of text rules,
+  message, so agent loops end (tool_choice "auto"); between them `structured_output` answers
+  a `response_format` of `json_schema` with a value of the schema (`schema_fill.schema_value`)
+  and `json_object` with `{"echo": <summary>}`. Then a strategy table of text rules,
   first match wins (see `DEFAULT_ECHO_RULES`): `content_block` returns a prompt's MetaGPT format example (`[CONTENT]...[/CONTENT]`),
   `code` returns a fenced python program when code is asked for, `summary` echoes a short
   summary of the last user message. Extend it with `EchoResponder().with_rule(...)` and
   `register_responder(name, factory)`.
 - `lorem`: lorem ipsum of the requested length (max_tokens, else the stage's output
-  profile, else 64 tokens).
+  profile, else 64 tokens); JSON as `structured_output` answers it when JSON is asked for.
 - `replay`: recorded responses from a JSONL file, matched by (stage, agent, round), else
   handed out in file order.
 """
@@ -27,9 +29,9 @@ from typing import Protocol
 
 from ..errors import ConfigError
 from .config import ServerConfig
-from .openai_format import NO_TOOLS, ToolCall, ToolRequest
+from .openai_format import NO_TOOLS, TEXT_FORMAT, ResponseFormat, ToolCall, ToolRequest
 from .protocol import Message
-from .schema_fill import tool_arguments
+from .schema_fill import schema_value, tool_arguments
 from .tokens import truncate
 
 
@@ -45,6 +47,7 @@ class ResponseContext:
     labelled: bool
     target_tokens: int | None  # length hint: max_tokens, else the stage profile, else None
     tools: ToolRequest = NO_TOOLS  # the chat request's `tools` and `tool_choice`
+    response_format: ResponseFormat = TEXT_FORMAT  # the request's `response_format`
 
     @property
     def full_text(self) -> str:
@@ -115,6 +118,19 @@ def tool_call_rule(ctx: ResponseContext) -> ToolCall | None:
         words = set(_TOOL_WORD.findall(ctx.last_user.lower()))
         spec = next((t for t in req.tools if t.name.lower() in words), req.tools[0])
     return ToolCall(f"call_{uuid.uuid4().hex[:24]}", spec.name, tool_arguments(spec.parameters))
+
+
+def structured_output_rule(ctx: ResponseContext) -> str | None:
+    """JSON when the request's `response_format` asks for it (a client then parses the reply,
+    as `client.beta.chat.completions.parse` does): a value of the `json_schema`, or for
+    `json_object` an object with a summary of what it answers. Before `tool_result`, since
+    the answer after a tool result must be in the format too."""
+    fmt = ctx.response_format
+    if fmt.kind == "json_schema":
+        return schema_value(fmt.schema)
+    if fmt.kind == "json_object":
+        return json.dumps({"echo": _summary(ctx.tool_results[-1] if ctx.tool_results else ctx.last_user)})
+    return None
 
 
 def tool_result_rule(ctx: ResponseContext) -> str | None:
@@ -222,9 +238,11 @@ def metagpt_rule(ctx: ResponseContext) -> str | None:
     return None
 
 
-# Consulted before the text rules; they pass (None) on requests without tools or tool results.
+# Consulted before the text rules: what the request's protocol asks for (a tool call, a JSON
+# format); they pass (None) on requests without tools, tool results or a JSON response_format.
 DEFAULT_TOOL_RULES: tuple[tuple[str, EchoRule], ...] = (
     ("tool_call", tool_call_rule),
+    ("structured_output", structured_output_rule),
     ("tool_result", tool_result_rule),
 )
 DEFAULT_ECHO_RULES: tuple[tuple[str, EchoRule], ...] = (
@@ -271,6 +289,9 @@ class LoremResponder:
         self.default_tokens = default_tokens
 
     def respond(self, ctx: ResponseContext) -> str:
+        structured = structured_output_rule(ctx)
+        if structured is not None:  # a client that asked for JSON parses the reply
+            return structured
         target = ctx.target_tokens or self.default_tokens
         # every word is at least one token, so `target` words always suffice
         words = [_LOREM[(ctx.round + k) % len(_LOREM)] for k in range(target)]

@@ -179,3 +179,11 @@ def tool_arguments(parameters: Mapping[str, Any]) -> str:
     JSON object (the OpenAI contract), `{}` when the schema describes something else."""
     value = _SchemaFiller(parameters).value(parameters)
     return json.dumps(value if isinstance(value, dict) else {}, separators=(", ", ": "))
+
+
+def schema_value(schema: Mapping[str, Any]) -> str:
+    """The JSON text of a placeholder value of `schema` (a structured-output reply): any JSON
+    value the schema describes, `{}` for an empty schema (any value; an object is the usual)."""
+    if not schema:
+        return "{}"
+    return json.dumps(_SchemaFiller(schema).value(schema), separators=(", ", ": "))

@@ -135,7 +135,7 @@ class SimService:
         tool call's text is its JSON arguments."""
         target, from_stage = self._length(call, lab, round_)
         ctx = ResponseContext(call.kind, call.messages, call.last_user, lab.task_id, lab.stage, lab.agent,
-                              round_, lab.labelled, target, call.tools)
+                              round_, lab.labelled, target, call.tools, call.response_format)
         reply = self.responder.respond(ctx)
         tool = reply if isinstance(reply, ToolCall) else None
         whole = tool.arguments if tool else reply
