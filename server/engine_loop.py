@@ -51,6 +51,20 @@ class EngineLoop:
         loop = asyncio.get_running_loop()
         self._wall0, self._sim0 = loop.time(), self.engine.now
         self._task = asyncio.create_task(self._run(), name="topas-engine-loop")
+        self._task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task) -> None:
+        """A loop task that died of an exception (a bug in the loop itself, not in the engine:
+        `_advance` catches those) marks the engine failed, so calls get 503 and /health says
+        so, instead of waiting forever on a loop that no longer runs."""
+        exc = None if task.cancelled() else task.exception()
+        if exc is None:
+            return
+        log.error("engine loop stopped", exc_info=exc)
+        if self.failure is None:
+            self.failure = exc
+            self._guarded(lambda: self._on_failure(exc))
+        self._fail_pending(ApiError(503, f"engine failed: {exc!r}"))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -68,6 +82,8 @@ class EngineLoop:
         """Run `fn()` inside the engine task (after advancing to now); returns its result."""
         if self._stopping:
             raise ApiError(503, "engine is stopped")
+        if self._task is not None and self._task.done():  # nothing would run the command
+            raise ApiError(503, f"engine failed: {self.failure!r}")
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._cmds.append((fn, fut))
         self._wake.set()
@@ -143,7 +159,9 @@ class EngineLoop:
         self._wake.clear()
         if self._cmds:
             return
-        with contextlib.suppress(TimeoutError):
+        # asyncio's TimeoutError: the builtin one only from Python 3.11 on (on 3.10 the
+        # builtin missed it, and the loop task died at its first idle sleep)
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
 
     def _fail_pending(self, err: Exception) -> None:

@@ -184,3 +184,35 @@ def test_engine_failure_fails_calls_cleanly_and_health_reports_it() -> None:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=5)
     finally:
         handle.stop()
+
+
+def test_a_crashed_engine_loop_fails_calls_instead_of_hanging(monkeypatch) -> None:
+    """A bug in the loop itself (not in the engine, which `_advance` catches) ended its task:
+    on Python 3.10 the idle sleep's timeout escaped it, and every later call waited forever."""
+    from topas_agents.server.engine_loop import EngineLoop
+
+    armed = threading.Event()
+    real_sleep = EngineLoop._sleep
+
+    async def sleep(self, seconds: float) -> None:
+        if armed.is_set():
+            raise RuntimeError("a bug in the loop")
+        await real_sleep(self, seconds)
+
+    monkeypatch.setattr(EngineLoop, "_sleep", sleep)
+    handle = start_server_in_thread(ServerConfig(time_scale=10.0))
+    client = openai.OpenAI(base_url=handle.url, api_key="x", max_retries=0, timeout=10)
+    msgs = [{"role": "user", "content": "x"}]
+    try:
+        assert client.chat.completions.create(model="m", messages=msgs, max_tokens=2).choices[0].message.content
+        armed.set()
+        with pytest.raises(openai.InternalServerError) as info:  # in flight when the loop died
+            client.chat.completions.create(model="m", messages=msgs, max_tokens=500)
+        assert "engine failed" in info.value.body["message"] and "a bug in the loop" in info.value.body["message"]
+        with pytest.raises(openai.InternalServerError) as later:  # refused at once, not queued forever
+            client.chat.completions.create(model="m", messages=msgs, max_tokens=2)
+        assert later.value.status_code == 503
+        health = httpx.get(f"{handle.base_url}/health")
+        assert health.status_code == 503 and health.json()["status"] == "failed"
+    finally:
+        handle.stop()
