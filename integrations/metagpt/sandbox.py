@@ -43,6 +43,7 @@ import venv
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from topas_agents.errors import ConfigError
@@ -187,10 +188,23 @@ def make_sandbox(parent: str | Path | None = None, limits: SandboxLimits = DEFAU
     return root
 
 
+class _BaseInterpreterVenv(venv.EnvBuilder):
+    """A venv whose interpreter is the base installation's own file. `venv` links to
+    `sys._base_executable`, which Python 3.10 sets to the running venv's `bin/python` when
+    the caller runs from a venv (3.11 resolves it to the base): a link into a directory the
+    sandbox does not bind, so `--qa` could start no interpreter ("execvp ... No such file")."""
+
+    def ensure_directories(self, env_dir: str | os.PathLike[str]) -> SimpleNamespace:
+        context = super().ensure_directories(env_dir)
+        context.executable = os.path.realpath(context.executable)
+        context.python_dir, context.python_exe = os.path.split(context.executable)
+        return context
+
+
 def _build(root: Path, limits: SandboxLimits, prlimit: str, writable: list[Path]) -> None:
     for sub in ("bin", "home", "tmp"):
         (root / sub).mkdir()
-    venv.EnvBuilder(with_pip=False, symlinks=True, clear=True).create(root / "venv")
+    _BaseInterpreterVenv(with_pip=False, symlinks=True, clear=True).create(root / "venv")
     head = _bwrap_head(root, writable)  # the shim adds `--chdir "$dir" --`
     dirs = "|".join(f"{q}|{q}/*" for q in (shlex.quote(str(d)) for d in (root, *writable)))
     shim = root / "bin" / "python"
