@@ -135,6 +135,9 @@ def test_aggregate_reads_the_replicas_as_one_server():
     assert view["server"] == {**{k: v for k, v in server.items() if k != "status"}, "policy": None}
     [x] = view["tasks"]["items"]
     assert (x["done"], x["done_reason"], x["jct_s"], x["in_flight"]) == (False, None, None, 1)
+    a["tasks"]["items"][0].update(done=True, done_reason="idle", finish_s=2.0)  # both parts done: one JCT
+    [x] = aggregate_stats([ReplicaAnswer("u1", 200, a), ReplicaAnswer("u2", 200, b)])["tasks"]["items"]
+    assert x["done"] and x["done_reason"] == "idle" and x["jct_s"] == pytest.approx(3.0)
     assert x["stages"] == {"s1": {"calls": 3, "done": True}}
     assert len(view["calls"]) == 2
 

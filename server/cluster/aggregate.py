@@ -61,8 +61,9 @@ def merge_tasks(per_replica: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]) 
             if fin is not None:
                 m["finish_s"] = fin if m["finish_s"] is None else max(m["finish_s"], fin)
             m["done"] = m["done"] and bool(item.get("done"))
-            if len(m["replicas"]) > 1:  # the first replica's count is already in the copy
+            if len(m["replicas"]) > 1:  # the first replica's fields are already in the copy
                 m["in_flight"] = int(m.get("in_flight") or 0) + int(item.get("in_flight") or 0)
+                m["done_reason"] = m.get("done_reason") or item.get("done_reason")
             for name, stage in (item.get("stages") or {}).items():
                 _merge_stage(m["stages"].setdefault(name, {}), stage)
             m["calls"] += sum(int(st.get("calls", 0)) for st in (item.get("stages") or {}).values())
