@@ -151,10 +151,6 @@ class ResponseFormat:
     kind: ResponseFormatKind = "text"
     schema: Mapping[str, Any] = field(default_factory=dict)  # json_schema: the schema ({}: any)
 
-    @property
-    def json(self) -> bool:
-        return self.kind in ("json_object", "json_schema")
-
 
 TEXT_FORMAT = ResponseFormat()
 _FORMAT_KINDS = ("text", "json_object", "json_schema", "structural_tag")

@@ -22,6 +22,9 @@ from .config import ServerConfig
 from .responders import Responder
 from .service import EngineFactory, SimService
 
+# Pending connections the kernel queues: a burst of a thousand concurrent clients connects at once.
+_BACKLOG = 4096
+
 
 class _DrainingServer(uvicorn.Server):
     """uvicorn.Server that drains the simulator's in-flight calls before closing."""
@@ -39,7 +42,7 @@ class _DrainingServer(uvicorn.Server):
 def _uvicorn_config(app: Any, config: ServerConfig, **kw: Any) -> uvicorn.Config:
     return uvicorn.Config(app, log_level=config.log_level, access_log=False, lifespan="on",
                           timeout_graceful_shutdown=max(1, int(config.drain_timeout_s) + 1),
-                          backlog=4096, **kw)
+                          backlog=_BACKLOG, **kw)
 
 
 def run_server(config: ServerConfig, *, responder: Responder | None = None,
@@ -72,7 +75,7 @@ def tcp_listener(host: str, port: int) -> socket.socket:
         if family == socket.AF_INET6:  # as socket.create_server: an IPv6 host serves IPv6 only
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(addr)
-        sock.listen(4096)
+        sock.listen(_BACKLOG)
     except OSError:
         sock.close()
         raise

@@ -55,8 +55,8 @@ def test_the_formats_sglang_accepts() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
     assert parse_response_format({}) is TEXT_FORMAT
     assert parse_response_format({"response_format": {"type": "text"}}) is TEXT_FORMAT
-    assert parse_response_format({"response_format": {"type": "json_object"}}).json
-    assert not parse_response_format({"response_format": {"type": "structural_tag"}}).json
+    assert parse_response_format({"response_format": {"type": "json_object"}}) == ResponseFormat("json_object")
+    assert parse_response_format({"response_format": {"type": "structural_tag"}}) == ResponseFormat("structural_tag")
     named = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
     assert parse_response_format({"response_format": named}) == ResponseFormat("json_schema", schema)
     # SGLang also takes the schema directly under response_format (vLLM's spelling)
