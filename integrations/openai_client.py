@@ -167,6 +167,7 @@ class LabelledClient:
         retry = retry or RetryConfig()
         inner = client.with_options(max_retries=0)
         self._client = client
+        self._inner = inner
         self._retry = retry
         self._label_fn = label_fn
         self.chat = _Namespace(completions=_Endpoint(inner.chat.completions, retry, is_async, label_fn))
@@ -178,6 +179,13 @@ class LabelledClient:
         return LabelledClient(self._client.with_options(**options), self._retry, self._label_fn)
 
     copy = with_options  # openai's alias
+
+    @property
+    def api_key(self) -> Any:
+        """The key its calls send. The calls go through a copy of the wrapped client, and
+        with a key provider (openai >= 2: api_key=callable) only that copy stores each
+        refreshed key."""
+        return self._inner.api_key
 
     @property
     def raw(self) -> Any:

@@ -118,8 +118,9 @@ def base_url_of(client: Any) -> str:
 
 def api_key_of(client: Any) -> str | None:
     """The API key an openai client sends (None if it has none), so the done call that
-    `task(client=...)` sends is accepted by a server started with that key."""
-    key = getattr(getattr(client, "raw", client), "api_key", None)
+    `task(client=...)` sends is accepted by a server started with that key. With a key
+    provider (openai >= 2), the key its last call used (the client stores each refresh)."""
+    key = getattr(client, "api_key", None)
     return key if isinstance(key, str) and key else None
 
 
@@ -145,7 +146,10 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
         if api_key is not None and (not isinstance(api_key, str) or not api_key.isprintable() or not api_key):
             raise ConfigError("task(): api_key must be a non-empty string of printable characters")
         # kept off the handle, which callers print and log
-        self._api_key = api_key if api_key is not None or client is None else api_key_of(client)
+        self._api_key = api_key
+        # the client's key is read at exit, not here: a client built with a key provider
+        # (openai >= 2: api_key=callable) holds its key only once a call has refreshed it
+        self._key_client = client if api_key is None else None
         # only None means "make one up": an empty id is refused on entry, like any other bad id
         self.handle = TaskHandle(new_task_id() if task_id is None else task_id, url if close else None, workflow)
         self._scope: contextlib.AbstractContextManager[Any] | None = None
@@ -163,6 +167,9 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
         assert scope is not None
         scope.__exit__(*exc)
 
+    def _done_key(self) -> str | None:
+        return self._api_key if self._key_client is None else api_key_of(self._key_client)
+
     def __enter__(self) -> TaskHandle:
         return self._enter()
 
@@ -170,7 +177,7 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
                  tb: TracebackType | None) -> None:
         self._exit((et, ev, tb))
         if self.handle.base_url is not None:
-            close_task(self.handle.base_url, self.handle.task_id, self._api_key)
+            close_task(self.handle.base_url, self.handle.task_id, self._done_key())
 
     async def __aenter__(self) -> TaskHandle:
         return self._enter()
@@ -179,5 +186,5 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
                         tb: TracebackType | None) -> None:
         self._exit((et, ev, tb))
         if self.handle.base_url is not None:
-            await aclose_task(self.handle.base_url, self.handle.task_id, self._api_key)
+            await aclose_task(self.handle.base_url, self.handle.task_id, self._done_key())
 

@@ -22,6 +22,7 @@ FAST_RETRY = RetryConfig(attempts=3, wait_min_s=0.01, wait_max_s=0.02)
 class Recorder:
     def __init__(self) -> None:
         self.requests: list[tuple[dict, dict]] = []  # (headers, body)
+        self.paths: list[str] = []  # of the requests, in the same order
         self.statuses: list[int] = []  # statuses to answer next (then 200)
         self.lock = threading.Lock()
 
@@ -41,9 +42,11 @@ def _handler(rec: Recorder) -> type[BaseHTTPRequestHandler]:
             pass
 
         def do_POST(self) -> None:  # noqa: N802
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.loads(raw) if raw else {}  # the task-done call has no body
             with rec.lock:
                 rec.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                rec.paths.append(self.path)
                 status = rec.statuses.pop(0) if rec.statuses else 200
             payload = _completion(body) if status == 200 else {"error": {"message": f"status {status}"}}
             data = json.dumps(payload).encode()
@@ -220,3 +223,46 @@ def test_client_import_path_is_light():
             "print(json.dumps([m for m in heavy if m in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+# openai >= 2 takes api_key=callable (a key provider: sync for OpenAI, async for AsyncOpenAI);
+# the client holds no key until a call refreshes it
+_PROVIDERS = hasattr(openai.OpenAI, "_refresh_api_key")
+
+
+def _done_auth(rec: Recorder, task_id: str) -> str | None:
+    done = f"/v1/topas/tasks/{task_id}/done"
+    hits = [h.get("authorization") for (h, _), path in zip(rec.requests, rec.paths, strict=True) if path == done]
+    assert len(hits) == 1, f"one done call for {task_id}, got {len(hits)}"
+    return hits[0]
+
+
+@pytest.mark.skipif(not _PROVIDERS, reason="this openai takes no key provider (api_key=callable)")
+def test_task_done_call_sends_a_key_providers_key(server):
+    from topas_agents.integrations.task import task
+
+    url, rec = server
+    keys = iter(["k1", "k2", "k3"])
+    client = labelled(openai.OpenAI(base_url=url, api_key=lambda: next(keys)), FAST_RETRY)
+    with task("provided", client=client), label(stage="s", agent="a"):
+        client.chat.completions.create(model="m", messages=MSG)
+        client.chat.completions.create(model="m", messages=MSG)
+    # before: the key was read when the scope was built (empty then), and the done call went
+    # without one (a keyed server answered 401 and the task stayed open)
+    assert _done_auth(rec, "provided") == "Bearer k2"  # the key the last call used
+
+
+@pytest.mark.skipif(not _PROVIDERS, reason="this openai takes no key provider (api_key=callable)")
+async def test_async_task_done_call_sends_an_async_key_providers_key(server):
+    from topas_agents.integrations.task import task
+
+    url, rec = server
+
+    async def provide() -> str:
+        return "ak"
+
+    client = labelled(openai.AsyncOpenAI(base_url=url, api_key=provide), FAST_RETRY)
+    async with task("provided-async", client=client):
+        with label(stage="s", agent="a"):
+            await client.chat.completions.create(model="m", messages=MSG)
+    assert _done_auth(rec, "provided-async") == "Bearer ak"
