@@ -3,8 +3,12 @@ input refused in one line (exit 2) before any measuring."""
 
 from __future__ import annotations
 
+import json
 import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 
 from topas_agents.cli import main
@@ -36,8 +40,6 @@ def test_calibrate_writes_a_profile_that_loads(server, tmp_path):
     ({"--out": "{tmp}", "--kv-budget": "1000"}, "is a directory"),
     # a zero budget wrote a profile that cannot admit anything
     ({"--kv-budget": "0"}, "--kv-budget"),
-    # the simulated server does not report its pool: said before measuring, not after
-    ({}, "pass --kv-budget"),
 ])
 def test_bad_input_is_one_line_exit_2(server, tmp_path, capsys, options, message):
     given = {"--server": server.url, "--out": str(tmp_path / "p.yaml")} | options
@@ -47,6 +49,59 @@ def test_bad_input_is_one_line_exit_2(server, tmp_path, capsys, options, message
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_the_budget_is_read_from_our_servers_stats(server, tmp_path):
+    # before: the simulated server's budget (only in /v1/topas/stats) was not read, and
+    # calibrate refused to run without --kv-budget
+    out = tmp_path / "sim.yaml"
+    assert main(["calibrate", "--server", server.url, "--out", str(out)]) == 0
+    budget = httpx.get(server.base_url + "/v1/topas/stats?calls=0").json()["kv"]["budget"]
+    assert load_profile(out).kv_budget_tokens == budget == load_profile("a100-80g-qwen2.5-32b").kv_budget_tokens
+
+
+def test_a_cluster_fronts_budget_is_its_replicas_common_one():
+    from topas_agents.cli.calibrate import _topas_budget
+
+    def front(*budgets):
+        return {"cluster": {"kv": {"budget": sum(b or 0 for b in budgets)}},
+                "replicas": [{"replica": i + 1, "kv": None if b is None else {"used": 0, "budget": b}}
+                             for i, b in enumerate(budgets)]}
+
+    assert _topas_budget(front(9000, 9000, 9000)) == 9000  # a call runs on one replica: not the sum
+    assert _topas_budget(front(9000, None)) == 9000  # a replica down: the others still say
+    assert _topas_budget(front(9000, 12000)) is None  # replicas that differ: ask for --kv-budget
+    assert _topas_budget({"kv": {"budget": True}}) is None and _topas_budget([]) is None
+
+
+class _ModelsOnly(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server that lists a model and reports no KV pool anywhere."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        found = self.path == "/v1/models"
+        data = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]} if found else {}).encode()
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_a_server_that_reports_no_budget_is_asked_for_one_before_measuring(tmp_path, capsys):
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _ModelsOnly)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        assert main(["calibrate", "--server", url, "--out", str(tmp_path / "p.yaml")]) == 2
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    err = capsys.readouterr().err
+    assert "pass --kv-budget" in err and err.count("\n") == 1
     assert not (tmp_path / "p.yaml").exists()
 
 

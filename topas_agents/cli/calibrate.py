@@ -23,7 +23,9 @@ Measured through HTTP only (so any engine works):
   measured too and written beside it (their latency also holds idle wake-ups). Without the
   term the simulator counts model time only, which on a small or CPU-served model can be a
   fraction of what a client sees;
-- the KV budget from SGLang's `/get_server_info` (`max_total_num_tokens`) when available.
+- the KV budget from SGLang's `/get_server_info` (`max_total_num_tokens`), or from our own
+  server's `/v1/topas/stats` (`kv.budget`; behind `topas serve --replicas`, the replicas'
+  common budget), when available (`--kv-budget` otherwise).
 Not measurable over HTTP, so copied from `--base-profile` and listed as such in the file's
 header: kv_bytes_per_token, hbm_bytes_per_s, attention FLOP terms, swap bandwidth, host_tier.
 The measured points are written as comments so the fit can be checked.
@@ -156,17 +158,44 @@ def _kv_budget(url: str, given: int | None, api_key: str | None = None) -> int |
 
     if given is not None:
         return given
-    try:
-        info = httpx.get(url.removesuffix("/v1") + "/get_server_info", headers=auth_headers(api_key),
-                         timeout=10).json()
-    except (httpx.HTTPError, ValueError):
-        return None
-    states = info.get("internal_states") if isinstance(info, dict) else None
-    for source in (info, *(states if isinstance(states, list) else ())):
-        value = source.get("max_total_num_tokens") if isinstance(source, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+    root = url.removesuffix("/v1")
+    for path, read in (("/get_server_info", _sglang_budget), ("/v1/topas/stats?calls=0", _topas_budget)):
+        try:
+            rsp = httpx.get(root + path, headers=auth_headers(api_key), timeout=10)
+            value = read(rsp.json()) if rsp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            value = None
+        if value is not None:
             return value
     return None
+
+
+def _budget(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _sglang_budget(info: object) -> int | None:
+    """SGLang's `/get_server_info`: `max_total_num_tokens`, top level or per scheduler."""
+    states = info.get("internal_states") if isinstance(info, dict) else None
+    for source in (info, *(states if isinstance(states, list) else ())):
+        value = _budget(source.get("max_total_num_tokens")) if isinstance(source, dict) else None
+        if value is not None:
+            return value
+    return None
+
+
+def _topas_budget(stats: object) -> int | None:
+    """Our server's `/v1/topas/stats`: `kv.budget`; behind a cluster front, the replicas'
+    budget when they all report the same one (a call runs on one replica)."""
+    if not isinstance(stats, dict):
+        return None
+    kv = stats.get("kv")
+    if isinstance(kv, dict):
+        return _budget(kv.get("budget"))
+    rows = stats.get("replicas")
+    budgets = {_budget((row.get("kv") or {}).get("budget")) for row in rows if isinstance(row, dict)
+               and isinstance(row.get("kv"), dict)} if isinstance(rows, list) else set()
+    return budgets.pop() if len(budgets) == 1 else None
 
 
 def burst_size(kv_budget: int | None) -> int:
