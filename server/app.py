@@ -264,10 +264,19 @@ def _add_openai_routes(app: FastAPI, svc: SimService) -> None:
     async def completions(request: Request) -> Response:
         return await complete(request, "completion", "/v1/completions")
 
+    def model_card() -> dict[str, Any]:
+        return {"id": cfg.model_name, "object": "model", "created": int(time.time()), "owned_by": "topas-agents"}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "topas-agents"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> dict[str, Any]:
+        """openai's `models.retrieve` (SGLang serves it too): the served model, else 404."""
+        if model != cfg.model_name:
+            raise ApiError(404, f"The model '{model}' does not exist", "model", code="model_not_found")
+        return model_card()
 
 
 def _add_topas_routes(app: FastAPI, svc: SimService, fits: Callable[[Workflow], None] | None) -> None:

@@ -41,9 +41,14 @@ def test_calls_with_the_key_are_served_and_stay_labelled(cluster):
     assert stats.status_code == 200
     assert stats.json()["cluster"]["tasks"]["seen"] >= 1
     assert httpx.get(cluster.url + "/models", headers=auth, timeout=30).status_code == 200
+    # openai's models.retrieve: was the front's own 404 (smg serves it)
+    card = httpx.get(cluster.url + "/models/topas-sim", headers=auth, timeout=30)
+    assert card.status_code == 200 and card.json()["id"] == "topas-sim"
+    missing = httpx.get(cluster.url + "/models/nope", headers=auth, timeout=30)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
 
 
-@pytest.mark.parametrize("path", ["/v1/models", "/v1/topas/cluster", "/v1/topas/stats", "/v1/topas/workflows",
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/models/topas-sim", "/v1/topas/cluster", "/v1/topas/stats", "/v1/topas/workflows",
                                   "/v1/topas/timeline", "/metrics"])
 @pytest.mark.parametrize("auth", [None, "Bearer wrong", KEY])  # the last: no "Bearer" scheme
 def test_the_front_refuses_a_missing_or_wrong_key(cluster, path, auth):

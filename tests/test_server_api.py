@@ -271,3 +271,16 @@ def test_health_models_stats_and_unknown_routes(server) -> None:
     assert stats["engine"]["decisions"] > 0 and stats["kv"]["budget"] > 0
     r = httpx.get(f"{server.base_url}/v1/nothing")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+def test_models_retrieve_answers_the_served_model_and_404s_another(server) -> None:
+    # before: GET /v1/models/{id} was 404 for every id, so openai's models.retrieve (which
+    # SGLang serves, and some frameworks call to check a model) failed against the sim server
+    client = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0)
+    card = client.models.retrieve("topas-sim")
+    assert (card.id, card.object, card.owned_by) == ("topas-sim", "model", "topas-agents")
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4o")
+    assert err.value.body["code"] == "model_not_found" and err.value.body["param"] == "model"
+    assert "'gpt-4o'" in err.value.body["message"]
+    assert httpx.get(f"{server.base_url}/v1/models/org/model%2Fx").status_code == 404  # a path is a name too

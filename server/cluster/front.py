@@ -158,8 +158,10 @@ class Front:
         return StreamingResponse(body_iter(), status_code=resp.status_code, headers=out_headers)
 
     async def models(self, request: Request) -> Response:
+        """`/v1/models` and `/v1/models/{id}` (openai's models.retrieve), as smg answers them."""
+        path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path  # id as sent
         try:
-            r = await self.http.get(f"{self.config.smg_url}/v1/models", timeout=5.0)
+            r = await self.http.get(f"{self.config.smg_url}{path}", timeout=5.0)
         except httpx.HTTPError as exc:
             return _error(502, f"gateway unreachable: {exc}")
         return Response(r.content, status_code=r.status_code, media_type="application/json")
@@ -323,6 +325,7 @@ def build_front(config: ClusterConfig) -> Starlette:
         Route("/v1/chat/completions", front.relay, methods=["POST"]),
         Route("/v1/completions", front.relay, methods=["POST"]),
         Route("/v1/models", front.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", front.models, methods=["GET"]),
         Route("/health", front.health, methods=["GET"]),
         Route("/metrics", front.metrics, methods=["GET"]),
         Route("/v1/topas/cluster", front.layout, methods=["GET"]),
