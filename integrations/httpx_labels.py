@@ -25,11 +25,16 @@ Light: httpx and the label module only.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
-from topas_agents.labels import BODY_KEY, Label, carries_label, current_label
+from topas_agents.errors import ConfigError, LabelError
+from topas_agents.labels import BODY_KEY, Label, carries_label, current_label, label, label_fields
+
+# the fields a client of its own may fix (label()'s parameters)
+LABEL_FIELDS = ("task_id", "stage", "agent", "workflow", "prefix_tokens")
 
 
 def _with_headers(headers: httpx.Headers, lab: Label) -> httpx.Headers:
@@ -92,14 +97,41 @@ def label_request(request: httpx.Request, lab: Label | None) -> httpx.Request:
                          extensions=request.extensions)
 
 
-class LabelTransport(httpx.BaseTransport):
-    """Sync transport wrapper: labels each request, then sends it with `inner`."""
+def _checked_fields(fields: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The client's own label fields (None values dropped), checked when the client is built:
+    a bad value is a ConfigError there, not a LabelError at every call."""
+    given = {k: v for k, v in (fields or {}).items() if v is not None}
+    unknown = sorted(set(given) - set(LABEL_FIELDS))
+    if unknown:
+        raise ConfigError(f"labelled http client: unknown label field(s) {', '.join(unknown)}")
+    try:
+        label_fields(given, complete=False)
+    except LabelError as exc:
+        raise ConfigError(f"labelled http client: {exc}") from None
+    return given
 
-    def __init__(self, inner: httpx.BaseTransport | None = None) -> None:
+
+def _label_for(fields: Mapping[str, Any]) -> Label | None:
+    """The label in force, with the client's own fields over it (as a `label(**fields)` block
+    inside the caller's would): stage and agent per client, the task from the caller."""
+    if not fields:
+        return current_label()
+    with label(**fields) as lab:
+        return lab
+
+
+class LabelTransport(httpx.BaseTransport):
+    """Sync transport wrapper: labels each request, then sends it with `inner`. `fields`: label
+    fields of this client's own (e.g. one client per agent: stage and agent), over the label in
+    force."""
+
+    def __init__(self, inner: httpx.BaseTransport | None = None,
+                 fields: Mapping[str, Any] | None = None) -> None:
         self._inner = inner or httpx.HTTPTransport()
+        self._fields = _checked_fields(fields)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        lab = current_label()
+        lab = _label_for(self._fields)
         if lab is not None:
             request.read()
         return self._inner.handle_request(label_request(request, lab))
@@ -109,13 +141,16 @@ class LabelTransport(httpx.BaseTransport):
 
 
 class AsyncLabelTransport(httpx.AsyncBaseTransport):
-    """Async transport wrapper: labels each request, then sends it with `inner`."""
+    """Async transport wrapper: labels each request, then sends it with `inner` (`fields`: as
+    `LabelTransport`'s)."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, inner: httpx.AsyncBaseTransport | None = None,
+                 fields: Mapping[str, Any] | None = None) -> None:
         self._inner = inner or httpx.AsyncHTTPTransport()
+        self._fields = _checked_fields(fields)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        lab = current_label()
+        lab = _label_for(self._fields)
         if lab is not None:
             await request.aread()
         return await self._inner.handle_async_request(label_request(request, lab))
@@ -135,16 +170,27 @@ def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return inner, kwargs
 
 
-def labelled_http_client(**kwargs: Any) -> httpx.Client:
+def labelled_http_client(*, task_id: str | None = None, stage: str | None = None, agent: str | None = None,
+                         workflow: str | None = None, prefix_tokens: int | None = None,
+                         **kwargs: Any) -> httpx.Client:
     """An `httpx.Client(**kwargs)` whose requests carry the label in force. A `transport=`
-    given is wrapped, not replaced; transport options (verify, limits, proxy, ...) still apply."""
+    given is wrapped, not replaced; transport options (verify, limits, proxy, ...) still apply.
+    Label fields given here are the client's own, over the label in force at each call: one
+    client per agent (`stage=`, `agent=`) labels a multi-agent framework's calls per agent,
+    with the task id from the caller's `task(...)` / `label(task_id=...)`."""
+    fields = {"task_id": task_id, "stage": stage, "agent": agent, "workflow": workflow,
+              "prefix_tokens": prefix_tokens}
     inner, kwargs = _split(kwargs)
     transport = kwargs.pop("transport", None) or httpx.HTTPTransport(**inner)
-    return httpx.Client(transport=LabelTransport(transport), **kwargs)
+    return httpx.Client(transport=LabelTransport(transport, fields), **kwargs)
 
 
-def labelled_async_http_client(**kwargs: Any) -> httpx.AsyncClient:
-    """The async counterpart of `labelled_http_client`."""
+def labelled_async_http_client(*, task_id: str | None = None, stage: str | None = None,
+                               agent: str | None = None, workflow: str | None = None,
+                               prefix_tokens: int | None = None, **kwargs: Any) -> httpx.AsyncClient:
+    """The async counterpart of `labelled_http_client` (the same label fields)."""
+    fields = {"task_id": task_id, "stage": stage, "agent": agent, "workflow": workflow,
+              "prefix_tokens": prefix_tokens}
     inner, kwargs = _split(kwargs)
     transport = kwargs.pop("transport", None) or httpx.AsyncHTTPTransport(**inner)
-    return httpx.AsyncClient(transport=AsyncLabelTransport(transport), **kwargs)
+    return httpx.AsyncClient(transport=AsyncLabelTransport(transport, fields), **kwargs)

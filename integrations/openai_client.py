@@ -21,6 +21,7 @@ retry policy. Works with openai 1.x, 2.x and 3.x (only `extra_body`, `extra_head
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,14 @@ from tenacity import (
 
 from topas_agents.cluster.stream_retry import AsyncResumingStream, ResumingStream
 from topas_agents.labels import BODY_KEY, Label, carries_label, current_label
+
+log = logging.getLogger("topas.client")
+
+UNLABELLED_RESPONSES = (
+    "labelled(client).responses: Responses API calls go unlabelled (Topas servers schedule "
+    "chat.completions and completions; SGLang serves /v1/responses without the label, the "
+    "simulated server not at all): use client.chat.completions (OpenAI Agents SDK: "
+    "OpenAIChatCompletionsModel; docs/integrations.md)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +177,7 @@ class LabelledClient:
         inner = client.with_options(max_retries=0)
         self._client = client
         self._inner = inner
+        self._warned_responses = False
         self._retry = retry
         self._label_fn = label_fn
         self.chat = _Namespace(completions=_Endpoint(inner.chat.completions, retry, is_async, label_fn))
@@ -186,6 +196,15 @@ class LabelledClient:
         with a key provider (openai >= 2: api_key=callable) only that copy stores each
         refreshed key."""
         return self._inner.api_key
+
+    @property
+    def responses(self) -> Any:
+        """The wrapped client's Responses API, unlabelled: said once per client, not silently."""
+        responses = self._client.responses  # openai < 1.66 has none: its AttributeError
+        if not self._warned_responses:
+            self._warned_responses = True
+            log.warning(UNLABELLED_RESPONSES)
+        return responses
 
     @property
     def raw(self) -> Any:

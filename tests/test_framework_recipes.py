@@ -204,3 +204,47 @@ async def test_crewai_per_agent_stages_from_each_llms_interceptor(server, monkey
     with label(task_id="crew-two"):  # the task id from the caller, stage/agent from each agent's LLM
         await crewai.Crew(agents=[researcher, writer], tasks=jobs).kickoff_async()
     assert _seen(server, "crew-two") == [("research", "researcher", "body"), ("write", "writer", "body")]
+
+
+def _agents_sdk_model(server, stage: str, agent: str):
+    """An OpenAI Agents SDK model on chat completions (the SDK's default, the Responses API,
+    is not served by the simulator and goes unlabelled through SGLang: docs/integrations.md),
+    with a client of its own that fixes the agent's stage and agent."""
+    import openai
+    from agents import OpenAIChatCompletionsModel
+
+    http = labelled_async_http_client(stage=stage, agent=agent)
+    return OpenAIChatCompletionsModel(model="topas-sim",
+                                      openai_client=openai.AsyncOpenAI(base_url=server.url, api_key="x", http_client=http))
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_openai_agents_sdk_tool_and_handoff_label_each_agent(server, streamed):
+    pytest.importorskip("agents.models.openai_chatcompletions")
+    from agents import Agent, Runner, function_tool, set_tracing_disabled
+
+    from topas_agents.integrations.task import task
+
+    set_tracing_disabled(True)  # the SDK's tracing exports to OpenAI's servers
+    seen, get_weather = _weather_tool_log()
+    writer = Agent(name="writer", instructions="Write one sentence.", model=_agents_sdk_model(server, "write", "writer"))
+    researcher = Agent(name="researcher", instructions="Find the weather, then hand off.",
+                       tools=[function_tool(get_weather)], handoffs=[writer],
+                       model=_agents_sdk_model(server, "research", "researcher"))
+    tid = f"oa-agents-{streamed}"
+    async with task(task_id=tid, base_url=server.url):
+        # the echo responder calls the tool the message names: first the function, then the handoff
+        ask = "What is the weather in Paris? Use get_weather."
+        if streamed:
+            run = Runner.run_streamed(researcher, ask, max_turns=4)
+            async for _ in run.stream_events():
+                pass
+        else:
+            run = await Runner.run(researcher, ask, max_turns=4)
+        assert run.final_output.startswith("Echo: tool result: Sunny in ")
+        handed = await Runner.run(researcher, "Done: transfer_to_writer.", max_turns=4)
+        assert handed.last_agent is writer
+    assert seen == ["example"]
+    assert _seen(server, tid) == [("research", "researcher", "body")] * 3 + [("write", "writer", "body")]
+    stats = httpx.get(f"{server.base_url}/v1/topas/stats", timeout=10).json()
+    assert next(t for t in stats["tasks"]["items"] if t["task_id"] == tid)["done_reason"] == "explicit"

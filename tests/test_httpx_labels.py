@@ -165,6 +165,36 @@ async def test_async_transport_isolates_concurrent_labels(server):
         assert (call["stage"], call["agent"], call["label_source"]) == (f"s{i}", f"a{i % 2}", "body")
 
 
+async def test_a_client_per_agent_labels_each_agents_calls_under_the_callers_task(server):
+    # Frameworks where each agent holds its own client (OpenAI Agents SDK models, LangGraph
+    # nodes with their own ChatOpenAI): stage and agent fixed per client, the task from the caller
+    def client(stage: str, agent: str) -> openai.AsyncOpenAI:
+        http = hl.labelled_async_http_client(stage=stage, agent=agent, timeout=30)
+        return openai.AsyncOpenAI(base_url=server.url, api_key="x", http_client=http)
+
+    planner, coder = client("plan", "planner"), client("code", "coder")
+    async with task(task_id="per-agent-1", base_url=server.url):
+        await planner.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+        await coder.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+        with label(stage="review"):  # the client's own fields win over the caller's
+            await coder.chat.completions.create(model="m", messages=MSG, max_tokens=8)
+    seen = sorted(_calls(server, "per-agent-1"), key=lambda c: c["arrival_s"])
+    assert [(c["stage"], c["agent"], c["label_source"]) for c in seen] == [
+        ("plan", "planner", "body"), ("code", "coder", "body"), ("code", "coder", "body")]
+    assert _task(server, "per-agent-1")["done_reason"] == "explicit"
+    await planner.chat.completions.create(model="m", messages=MSG, max_tokens=8)  # no task: unlabelled
+    assert _stats(server)["calls"][-1]["label_source"] == "none"
+
+
+def test_a_clients_own_label_fields_are_checked_when_it_is_built():
+    with pytest.raises(ConfigError, match="stage"):
+        hl.labelled_http_client(stage="bad\nstage")
+    with pytest.raises(ConfigError, match="prefix_tokens"):
+        hl.labelled_async_http_client(prefix_tokens=-1)
+    with pytest.raises(ConfigError, match="unknown label field"):
+        hl.LabelTransport(fields={"stag": "x"})
+
+
 async def test_async_event_hook(server):
     http = httpx.AsyncClient(event_hooks={"request": [hl.aadd_label_headers]}, timeout=30)
     with label(task_id="ahook-1", stage="plan", agent="planner"):

@@ -266,3 +266,16 @@ async def test_async_task_done_call_sends_an_async_key_providers_key(server):
         with label(stage="s", agent="a"):
             await client.chat.completions.create(model="m", messages=MSG)
     assert _done_auth(rec, "provided-async") == "Bearer ak"
+
+
+@pytest.mark.skipif(not hasattr(openai.OpenAI(api_key="x"), "responses"), reason="this openai has no Responses API")
+def test_the_responses_api_is_passed_through_unlabelled_and_said_once(caplog):
+    # before: labelled(client).responses went to the raw client in silence, so a framework on
+    # the Responses API ran unlabelled (unscheduled by Topas) with nothing to say why
+    raw = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x")
+    client = labelled(raw, FAST_RETRY)
+    with caplog.at_level("WARNING", logger="topas.client"):
+        assert client.responses is raw.responses
+        assert client.responses is raw.responses
+    said = [r.getMessage() for r in caplog.records if r.name == "topas.client"]
+    assert len(said) == 1 and "unlabelled" in said[0] and "chat.completions" in said[0]
