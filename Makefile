@@ -55,14 +55,18 @@ test-openai-compat:
 # not the active version): a warning, an error under CI.
 PY310 ?= $(shell for p in python3.10 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.10*/bin/python3.10 2>/dev/null); do \
   $$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' 2>/dev/null && { echo $$p; break; }; done)
+# The gateway's tests too (smg from [cluster]: front, failover, restarts, keys; ~40 s), not its
+# simulated-cluster benches (simulator code the tests above run on 3.10 already).
 PY310_TESTS := tests/test_server_*.py tests/test_echo_*.py tests/test_topas_*.py tests/test_sim*.py \
-  tests/test_forecast_guard.py tests/test_fuzz_server.py tests/test_metagpt_sandbox.py tests/test_openai_client.py
+  tests/test_forecast_guard.py tests/test_fuzz_server.py tests/test_metagpt_sandbox.py tests/test_openai_client.py \
+  tests/test_cluster_api_key.py tests/test_cluster_failover.py tests/test_cluster_front_bad_input.py \
+  tests/test_cluster_gateway.py tests/test_cluster_restart.py tests/test_cluster_units.py
 test-py310:
 	@if [ -z "$(PY310)" ]; then \
 	  echo "warning: no Python 3.10 found: the Python 3.10 checks did not run" >&2; [ -z "$$CI" ] || exit 1; \
 	else \
 	  [ -x .venv-py310/bin/python ] || $(PY310) -m venv .venv-py310; \
-	  .venv-py310/bin/pip install -q -e ".[server,bench,dev]" && \
+	  .venv-py310/bin/pip install -q -e ".[server,bench,dev,cluster]" && \
 	  .venv-py310/bin/topas bench --workload chain3 --policies lpm,topas --tasks 30 >/dev/null && \
 	  .venv-py310/bin/python -m pytest -q -p no:cacheprovider -m "not sglang" $(PY310_TESTS); \
 	fi
