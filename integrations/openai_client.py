@@ -8,6 +8,8 @@
     with label(task_id="t1", stage="plan", agent="planner"):
         client.chat.completions.create(model="m", messages=[...])
 
+`chat.completions`, `completions` and `responses` (openai >= 1.66; SGLang's Responses API
+takes the label too), with their `create`, `parse` and `stream`, are labelled.
 The label in force (`topas_agents.label`, contextvars) is added to `extra_body["topas"]` and
 as `X-Topas-*` `extra_headers` (headers only when every field is ASCII: the body carries the
 rest); caller dicts are copied, never mutated. A call that carries its own label (`extra_body`'s
@@ -21,7 +23,6 @@ retry policy. Works with openai 1.x, 2.x and 3.x (only `extra_body`, `extra_head
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,14 +38,6 @@ from tenacity import (
 
 from topas_agents.cluster.stream_retry import AsyncResumingStream, ResumingStream
 from topas_agents.labels import BODY_KEY, Label, carries_label, current_label
-
-log = logging.getLogger("topas.client")
-
-UNLABELLED_RESPONSES = (
-    "labelled(client).responses: Responses API calls go unlabelled (Topas servers schedule "
-    "chat.completions and completions; SGLang serves /v1/responses without the label, the "
-    "simulated server not at all): use client.chat.completions (OpenAI Agents SDK: "
-    "OpenAIChatCompletionsModel; docs/integrations.md)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +74,8 @@ def with_label(kwargs: Mapping[str, Any], lab: Label | None) -> dict[str, Any]:
 
 
 class _Endpoint:
-    """Wraps one `create` endpoint (chat.completions or completions)."""
+    """Wraps one `create` endpoint (chat.completions, completions or responses) and its
+    `parse` and `stream` helpers."""
 
     def __init__(self, target: Any, retry: RetryConfig, is_async: bool,
                  label_fn: Callable[[], Label | None], resume_streams: bool = True) -> None:
@@ -124,10 +118,23 @@ class _Endpoint:
             return ResumingStream(result, lambda: self._create_once(call_kwargs))
         return result
 
-    def _create_once(self, call_kwargs: dict[str, Any]) -> Any:
+    def parse(self, **kwargs: Any) -> Any:
+        """openai's structured-output helper (`chat.completions.parse`, `responses.parse`),
+        labelled and retried like `create`. Forwarded bare, its calls went unlabelled."""
+        call_kwargs = with_label(kwargs, self._label_fn())
+        if self._async:
+            return self._acreate_once(call_kwargs, "parse")
+        return self._create_once(call_kwargs, "parse")
+
+    def stream(self, **kwargs: Any) -> Any:
+        """openai's streaming helper (a context manager), labelled; not retried: the stream is
+        opened by the caller's `with`, after this call returns."""
+        return self._target.stream(**with_label(kwargs, self._label_fn()))
+
+    def _create_once(self, call_kwargs: dict[str, Any], method: str = "create") -> Any:
         for attempt in Retrying(**self._retrying_kwargs()):
             with attempt:
-                return self._target.create(**call_kwargs)
+                return getattr(self._target, method)(**call_kwargs)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _acreate(self, call_kwargs: dict[str, Any]) -> Any:
@@ -136,10 +143,10 @@ class _Endpoint:
             return AsyncResumingStream(result, lambda: self._acreate_once(call_kwargs))
         return result
 
-    async def _acreate_once(self, call_kwargs: dict[str, Any]) -> Any:
+    async def _acreate_once(self, call_kwargs: dict[str, Any], method: str = "create") -> Any:
         async for attempt in AsyncRetrying(**self._retrying_kwargs()):
             with attempt:
-                return await self._target.create(**call_kwargs)
+                return await getattr(self._target, method)(**call_kwargs)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def __getattr__(self, name: str) -> Any:
@@ -177,11 +184,14 @@ class LabelledClient:
         inner = client.with_options(max_retries=0)
         self._client = client
         self._inner = inner
-        self._warned_responses = False
         self._retry = retry
         self._label_fn = label_fn
         self.chat = _Namespace(completions=_Endpoint(inner.chat.completions, retry, is_async, label_fn))
         self.completions = _Endpoint(inner.completions, retry, is_async, label_fn)
+        responses = getattr(inner, "responses", None)  # the Responses API: openai >= 1.66
+        if responses is not None:
+            # labelled and retried; a cut stream is not resumed (its events are not chat chunks)
+            self.responses = _Endpoint(responses, retry, is_async, label_fn, resume_streams=False)
 
     def with_options(self, **options: Any) -> LabelledClient:
         """`client.with_options(...)`, still labelled (forwarded bare, it returned the plain
@@ -196,15 +206,6 @@ class LabelledClient:
         with a key provider (openai >= 2: api_key=callable) only that copy stores each
         refreshed key."""
         return self._inner.api_key
-
-    @property
-    def responses(self) -> Any:
-        """The wrapped client's Responses API, unlabelled: said once per client, not silently."""
-        responses = self._client.responses  # openai < 1.66 has none: its AttributeError
-        if not self._warned_responses:
-            self._warned_responses = True
-            log.warning(UNLABELLED_RESPONSES)
-        return responses
 
     @property
     def raw(self) -> Any:

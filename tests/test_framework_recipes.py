@@ -208,7 +208,7 @@ async def test_crewai_per_agent_stages_from_each_llms_interceptor(server, monkey
 
 def _agents_sdk_model(server, stage: str, agent: str):
     """An OpenAI Agents SDK model on chat completions (the SDK's default, the Responses API,
-    is not served by the simulator and goes unlabelled through SGLang: docs/integrations.md),
+    is not served by the simulator: docs/integrations.md),
     with a client of its own that fixes the agent's stage and agent."""
     import openai
     from agents import OpenAIChatCompletionsModel

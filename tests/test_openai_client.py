@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -268,14 +269,45 @@ async def test_async_task_done_call_sends_an_async_key_providers_key(server):
     assert _done_auth(rec, "provided-async") == "Bearer ak"
 
 
-@pytest.mark.skipif(not hasattr(openai.OpenAI(api_key="x"), "responses"), reason="this openai has no Responses API")
-def test_the_responses_api_is_passed_through_unlabelled_and_said_once(caplog):
-    # before: labelled(client).responses went to the raw client in silence, so a framework on
-    # the Responses API ran unlabelled (unscheduled by Topas) with nothing to say why
-    raw = openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x")
-    client = labelled(raw, FAST_RETRY)
-    with caplog.at_level("WARNING", logger="topas.client"):
-        assert client.responses is raw.responses
-        assert client.responses is raw.responses
-    said = [r.getMessage() for r in caplog.records if r.name == "topas.client"]
-    assert len(said) == 1 and "unlabelled" in said[0] and "chat.completions" in said[0]
+_HAS_RESPONSES = hasattr(openai.OpenAI(api_key="x"), "responses")  # openai >= 1.66
+_HAS_PARSE = hasattr(openai.OpenAI(api_key="x").chat.completions, "parse")  # openai >= 1.40
+
+
+@pytest.mark.skipif(not _HAS_RESPONSES, reason="this openai has no Responses API")
+def test_responses_api_calls_are_labelled(server):
+    # before: labelled(client).responses went to the raw client, unlabelled (SGLang's
+    # Responses API now takes the label: tests/test_sglang_launch.py)
+    url, rec = server
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    with label(task_id="resp-t", stage="plan", agent="planner"):
+        client.responses.create(model="m", input="hi")
+    headers, body = rec.requests[-1]
+    assert rec.paths[-1] == "/v1/responses"
+    assert body["topas"] == {"task_id": "resp-t", "stage": "plan", "agent": "planner"}
+    assert headers["x-topas-task-id"] == "resp-t"
+
+
+@pytest.mark.skipif(not _HAS_PARSE, reason="this openai has no chat.completions.parse")
+def test_parse_and_stream_helpers_are_labelled(server):
+    # before: chat.completions.parse / .stream were forwarded bare: their calls went unlabelled
+    url, rec = server
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    with label(task_id="parse-t", stage="plan", agent="planner"):
+        client.chat.completions.parse(model="m", messages=MSG)
+        # the recorder answers JSON, not an event stream: only the request matters here
+        with contextlib.suppress(Exception), client.chat.completions.stream(model="m", messages=MSG) as stream:
+            for _ in stream:
+                pass
+    assert [body["topas"]["task_id"] for _, body in rec.requests] == ["parse-t", "parse-t"]
+    assert rec.requests[1][1]["stream"] is True
+
+
+@pytest.mark.skipif(not _HAS_PARSE, reason="this openai has no chat.completions.parse")
+async def test_async_parse_is_labelled_and_retried(server):
+    url, rec = server
+    rec.statuses = [503]  # retried once, with the same label
+    client = labelled(openai.AsyncOpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    with label(task_id="aparse-t", stage="plan", agent="planner"):
+        out = await client.chat.completions.parse(model="m", messages=MSG)
+    assert out.choices[0].message.content == "ok"
+    assert [body["topas"]["task_id"] for _, body in rec.requests] == ["aparse-t", "aparse-t"]

@@ -34,7 +34,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_every_sglang_process_loads_the_plugin(server: Any) -> None:
     loaded = server.records("loaded")
-    assert {r["policy"] for r in loaded} == {"topas"} and {r["hooks"] for r in loaded} == {10}
+    assert {r["policy"] for r in loaded} == {"topas"} and {r["hooks"] for r in loaded} == {13}
     processes = {r["process"] for r in loaded}
     assert "MainProcess" in processes and len(processes) >= 3, processes  # HTTP, scheduler, detokenizer
     text = server.text()
@@ -102,3 +102,54 @@ def test_client_disconnect_frees_its_kv(server: Any) -> None:
     held = kv["pool"] - kv["available"] - kv["evictable"] - kv["protected"]
     locked_beyond_pins = max(0, kv["protected"] - kv["pinned"])
     assert held >= 0 and held + locked_beyond_pins <= tick_tokens, (kv, tick_tokens)
+
+
+def _served_model(server: Any) -> str:
+    """The Responses API checks the model name (chat completions take any)."""
+    return httpx.get(f"{server.base_url}/models", timeout=30).json()["data"][0]["id"]
+
+
+def _ended(server: Any, task: str, limit_s: float = 60.0) -> dict | None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        end = next((r for r in server.records("end") if r["task"] == task), None)
+        if end is not None:
+            return end
+        time.sleep(0.5)
+    return None
+
+
+@pytest.mark.parametrize("how", ["body", "headers", "stream"])
+def test_responses_api_calls_reach_the_scheduler_labelled(server: Any, how: str) -> None:
+    # before: /v1/responses built its engine request without the chat conversion the plugin
+    # hooks, and its request model dropped the `topas` field: every call ran unlabelled
+    label = {"task_id": f"resp-{how}", "stage": "s1", "agent": "a", "workflow": "tiny3"}
+    body: dict[str, Any] = {"model": _served_model(server), "input": "say something", "max_output_tokens": 6}
+    headers = {}
+    if how == "headers":
+        headers = {"X-Topas-Task-Id": label["task_id"], "X-Topas-Stage": "s1", "X-Topas-Agent": "a",
+                   "X-Topas-Workflow": "tiny3"}
+    else:
+        body["topas"] = label
+    if how == "stream":
+        body["stream"] = True
+        with httpx.stream("POST", f"{server.base_url}/responses", json=body, timeout=120) as resp:
+            assert resp.status_code == 200
+            events = [line for line in resp.iter_lines() if line.startswith("event:")]
+        assert events[-1] in ("event: response.completed", "event: response.incomplete"), events
+    else:
+        resp = httpx.post(f"{server.base_url}/responses", json=body, headers=headers, timeout=120)
+        assert resp.status_code == 200, resp.text
+        # "incomplete": max_output_tokens reached, as asked
+        assert resp.json()["status"] in ("completed", "incomplete") and "topas" not in resp.json()
+    end = _ended(server, label["task_id"])
+    assert end is not None, "the scheduler never saw a request of the labelled task"
+    assert end["ok"] and end["stage"] == "s1", end
+
+
+def test_a_malformed_label_on_the_responses_api_is_a_400_naming_the_field(server: Any) -> None:
+    body = {"model": _served_model(server), "input": "hi", "max_output_tokens": 2,
+            "topas": {"task_id": "bad", "stage": "nope", "agent": "a", "workflow": "tiny3"}}
+    resp = httpx.post(f"{server.base_url}/responses", json=body, timeout=60)
+    assert resp.status_code == 400, resp.text
+    assert "topas label field 'stage'" in resp.text and "nope" in resp.text

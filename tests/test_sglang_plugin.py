@@ -38,6 +38,9 @@ from topas_agents.server.sglang.labels_http import request_models  # noqa: E402
 TARGETS = {
     "sglang.srt.entrypoints.openai.protocol.ChatCompletionRequest": "REPLACE",
     "sglang.srt.entrypoints.openai.protocol.CompletionRequest": "REPLACE",
+    "sglang.srt.entrypoints.openai.protocol.ResponsesRequest": "REPLACE",
+    "sglang.srt.entrypoints.openai.serving_responses.OpenAIServingResponses.create_responses": "AROUND",
+    "sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request": "BEFORE",
     "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._convert_to_internal_request": "AFTER",
     "sglang.srt.entrypoints.openai.serving_completions.OpenAIServingCompletion._convert_to_internal_request":
         "AFTER",

@@ -111,6 +111,17 @@ class Adapter:
             labels_http.attach_label(converted, label)
             self.stats["http_labelled"] += 1
 
+    def on_responses(self, request: Any, raw_request: Any) -> None:
+        """A Responses API call: its label is checked now (LabelError: HTTP 400) and kept on
+        the HTTP request until its engine requests are sent (`on_generate`)."""
+        label = labels_http.label_of(request, raw_request, self.workflows)
+        if label is not None and raw_request is not None:
+            labels_http.keep_label(raw_request, label)
+            self.stats["http_labelled"] += 1
+
+    def on_generate(self, obj: Any, raw_request: Any) -> None:
+        labels_http.attach_kept_label(obj, raw_request)
+
     # ------------------------------------------------------------------ scheduler process
 
     def on_new_request(self, req: Any) -> None:

@@ -82,6 +82,22 @@ def attach_label(converted: Any, label: Label) -> None:
     adapted.routing_key = encode_label(label)
 
 
+def keep_label(raw_request: Any, label: Label) -> None:
+    """Keep a Responses API call's label on its HTTP request (`attach_kept_label` puts it on
+    the engine requests the call sends)."""
+    state = getattr(raw_request, "state", None)
+    if state is not None:
+        state.topas_label = label
+
+
+def attach_kept_label(obj: Any, raw_request: Any) -> None:
+    """The kept label onto an engine request that carries none (a chat/completions request
+    has its own from `attach_label`)."""
+    label = getattr(getattr(raw_request, "state", None), "topas_label", None)
+    if isinstance(label, Label) and not getattr(obj, "routing_key", None):
+        obj.routing_key = encode_label(label)
+
+
 def copy_routing_key(sub: Any, parent: Any) -> None:
     key = getattr(parent, "routing_key", None)
     if key is not None and key.startswith(ROUTING_PREFIX):
@@ -94,6 +110,7 @@ def copy_routing_key(sub: Any, parent: Any) -> None:
 REQUEST_MODELS = {
     "sglang.srt.entrypoints.openai.protocol.ChatCompletionRequest": "TopasChatCompletionRequest",
     "sglang.srt.entrypoints.openai.protocol.CompletionRequest": "TopasCompletionRequest",
+    "sglang.srt.entrypoints.openai.protocol.ResponsesRequest": "TopasResponsesRequest",
 }
 
 

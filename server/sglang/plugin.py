@@ -16,6 +16,9 @@ SGLang, and only through HookRegistry, only when `register()` is called.
 | openai.protocol.ChatCompletionRequest / CompletionRequest        | REPLACE | typed `topas` body field   |
 | OpenAIServingChat/Completion._convert_to_internal_request        | AFTER   | label -> routing_key (400) |
 | io_struct.GenerateReqInput.__getitem__                           | AFTER   | keep routing_key in n>1    |
+| openai.protocol.ResponsesRequest                                 | REPLACE | typed `topas` body field   |
+| OpenAIServingResponses.create_responses                          | AROUND  | label checked (400), kept  |
+| tokenizer_manager.TokenizerManager.generate_request              | BEFORE  | kept label -> routing_key  |
 | scheduler.Scheduler._create_generation_req                       | AFTER   | label onto the Req, book it|
 | scheduler.Scheduler.get_new_batch_prefill                        | AROUND  | decide + apply + admit     |
 | schedule_policy.SchedulePolicy.calc_priority                     | AFTER   | keep the decision's order  |
@@ -41,6 +44,11 @@ HTTP_TARGETS = (
     f"{_SGL}.entrypoints.openai.serving_chat.OpenAIServingChat._convert_to_internal_request",
     f"{_SGL}.entrypoints.openai.serving_completions.OpenAIServingCompletion._convert_to_internal_request",
 )
+# The Responses API builds its engine request itself (no _convert_to_internal_request): its
+# label is checked and kept on the HTTP request, and put on each engine request it sends
+# (a built-in tool's next turn builds another one).
+RESPONSES_TARGET = f"{_SGL}.entrypoints.openai.serving_responses.OpenAIServingResponses.create_responses"
+GENERATE_TARGET = f"{_SGL}.managers.tokenizer_manager.TokenizerManager.generate_request"
 GETITEM_TARGET = f"{_SGL}.managers.io_struct.GenerateReqInput.__getitem__"
 CREATE_REQ_TARGET = f"{_SGL}.managers.scheduler.Scheduler._create_generation_req"
 PREFILL_TARGET = f"{_SGL}.managers.scheduler.Scheduler.get_new_batch_prefill"
@@ -74,6 +82,26 @@ def active() -> Adapter | None:
 def after_convert(result: Any, serving: Any, request: Any, raw_request: Any = None) -> None:
     if _ACTIVE is not None:
         _ACTIVE.on_convert(result, request, raw_request)
+
+
+def around_create_responses(orig: Any, serving: Any, request: Any, raw_request: Any = None,
+                            *args: Any, **kwargs: Any) -> Any:
+    """A malformed label is the same one-line 400 as on chat (SGLang's error body)."""
+    if _ACTIVE is not None:
+        try:
+            _ACTIVE.on_responses(request, raw_request)
+        except ValueError as exc:  # LabelError
+            return _refused(serving, str(exc))
+    return orig(serving, request, raw_request, *args, **kwargs)
+
+
+async def _refused(serving: Any, message: str) -> Any:
+    return serving.create_error_response(message)
+
+
+def before_generate_request(manager: Any, obj: Any, request: Any = None, *args: Any, **kwargs: Any) -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.on_generate(obj, request)
 
 
 def after_getitem(sub: Any, parent: Any, i: Any) -> None:
@@ -118,6 +146,8 @@ def hook_specs() -> list[tuple[str, Any, str]]:
     specs: list[tuple[str, Any, str]] = [(path, cls, "REPLACE") for path, cls in request_models().items()]
     specs += [(t, after_convert, "AFTER") for t in HTTP_TARGETS]
     specs += [
+        (RESPONSES_TARGET, around_create_responses, "AROUND"),
+        (GENERATE_TARGET, before_generate_request, "BEFORE"),
         (GETITEM_TARGET, after_getitem, "AFTER"),
         (CREATE_REQ_TARGET, after_create_req, "AFTER"),
         (PREFILL_TARGET, around_prefill, "AROUND"),
