@@ -23,9 +23,10 @@ from .calls import Call
 from .config import ServerConfig
 from .labelling import resolve_label
 from .metrics import CONTENT_TYPE, render_metrics
-from .openai_format import DONE, ChunkWriter, full_response, sse
+from .openai_format import ChunkWriter, full_response
 from .protocol import ParsedCall, parse_chat, parse_completion
 from .responders import Responder, make_responder
+from .responses_api import ResponsesWriter, chat_body, in_responses_terms, response_object
 from .service import EngineFactory, SimService
 from .stats import build_stats
 from .tenancy import EXEMPT_PATHS, Tenant, authenticate_scope, tenant_ids
@@ -95,10 +96,14 @@ def _tenant(request: Request) -> Tenant:
 
 def _decode_call(raw: bytes, kind: str) -> tuple[Any, ParsedCall]:
     """JSON body -> (body, ParsedCall); every malformed input is a 400 (CPU-bound for big
-    bodies: run in a worker thread)."""
+    bodies: run in a worker thread). A Responses body is parsed as the chat body it means."""
     body = parse_json_body(raw)
     if _MAYBE_SURROGATE.search(raw) and has_lone_surrogate(body):
         raise bad_request("request body contains a lone UTF-16 surrogate escape (invalid Unicode)")
+    if kind == "responses":
+        if not isinstance(body, dict):
+            raise bad_request("request body must be a JSON object")
+        return body, parse_chat(chat_body(body))
     return body, parse_chat(body) if kind == "chat" else parse_completion(body)
 
 
@@ -136,7 +141,7 @@ async def _finished_or_gone(call: Call, request: Request) -> bool:
     return call.over
 
 
-async def _stream(svc: SimService, call: Call, writer: ChunkWriter) -> AsyncIterator[bytes]:
+async def _stream(svc: SimService, call: Call, writer: ChunkWriter | ResponsesWriter) -> AsyncIterator[bytes]:
     try:
         first = writer.start()
         if first:
@@ -149,16 +154,12 @@ async def _stream(svc: SimService, call: Call, writer: ChunkWriter) -> AsyncIter
                 yield writer.text(text[len(sent):])
                 sent = text
             if call.error is not None:
-                yield sse(call.error.body())
-                yield DONE
+                yield writer.failed(call.error)
                 return
             if call.finished and len(sent) == len(call.text):
                 break
             await call.wait_change(seen)
-        yield writer.finish()
-        if writer.include_usage:
-            yield writer.usage()
-        yield DONE
+        yield writer.end()
     finally:  # client gone (generator cancelled/closed) before the end: free its KV
         svc.cancel_soon(call)
 
@@ -239,13 +240,17 @@ def _add_openai_routes(app: FastAPI, svc: SimService) -> None:
         if svc.draining:
             raise shutting_down()
         raw = await read_body(request, cfg.max_body_bytes)
-        body, parsed = await _off_loop(len(raw), cfg.offload_bytes, _decode_call, raw, kind)
-        rid = svc.new_rid(kind)
-        lab = resolve_label(body, request.headers, parsed, svc.registry, rid, _tenant(request))
-        call = await svc.submit(rid, parsed, lab, endpoint)
+        try:
+            body, parsed = await _off_loop(len(raw), cfg.offload_bytes, _decode_call, raw, kind)
+            rid = svc.new_rid(kind)
+            lab = resolve_label(body, request.headers, parsed, svc.registry, rid, _tenant(request))
+            call = await svc.submit(rid, parsed, lab, endpoint)
+        except ApiError as exc:  # a Responses call is checked as the chat call it means
+            raise (in_responses_terms(exc) if kind == "responses" else exc) from None
         model = parsed.model or cfg.model_name
         if parsed.stream:
-            writer = ChunkWriter(kind, call, model, parsed.include_usage)
+            writer = ResponsesWriter(body, call, model) if kind == "responses" else \
+                ChunkWriter(kind, call, model, parsed.include_usage)
             return _CallStream(_stream(svc, call, writer), svc, call)
         try:
             if not await _finished_or_gone(call, request):
@@ -254,6 +259,8 @@ def _add_openai_routes(app: FastAPI, svc: SimService) -> None:
             svc.cancel_soon(call)  # no-op once the call is over
         if call.error is not None:
             raise call.error
+        if kind == "responses":
+            return JSONResponse(response_object(body, call, model))
         return JSONResponse(full_response(kind, call, model))
 
     @app.post("/v1/chat/completions")
@@ -263,6 +270,11 @@ def _add_openai_routes(app: FastAPI, svc: SimService) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await complete(request, "completion", "/v1/completions")
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        """The Responses API (SGLang serves it; the OpenAI Agents SDK's default): responses_api.py."""
+        return await complete(request, "responses", "/v1/responses")
 
     def model_card() -> dict[str, Any]:
         return {"id": cfg.model_name, "object": "model", "created": int(time.time()), "owned_by": "topas-agents"}

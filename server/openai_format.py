@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from .api_errors import bad_request
+from .api_errors import ApiError, bad_request
 from .tokens import count_tokens
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class ToolCall:
     arguments: str
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any) -> str:
     try:
         return reprlib.repr(value)
     except ValueError:  # a huge int's repr raises
@@ -85,20 +85,20 @@ def _short(value: Any) -> str:
 def _tool(raw: Any, i: int) -> ToolSpec:
     where = f"tools[{i}]"
     if not isinstance(raw, Mapping) or raw.get("type") != "function":
-        raise bad_request(f"{where} must be an object with \"type\": \"function\", got {_short(raw)}", "tools")
+        raise bad_request(f"{where} must be an object with \"type\": \"function\", got {short_repr(raw)}", "tools")
     fn = raw.get("function")
     if not isinstance(fn, Mapping):
         raise bad_request(f"{where}.function must be an object", "tools")
     name = fn.get("name")
     if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-        raise bad_request(f"{where}.function.name must be 1-64 letters, digits, '_' or '-', got {_short(name)}",
+        raise bad_request(f"{where}.function.name must be 1-64 letters, digits, '_' or '-', got {short_repr(name)}",
                           "tools")
     desc = fn.get("description")
     if desc is not None and not isinstance(desc, str):
         raise bad_request(f"{where}.function.description must be a string", "tools")
     params = fn.get("parameters")
     if params is not None and not isinstance(params, Mapping):
-        raise bad_request(f"{where}.function.parameters must be a JSON schema object, got {_short(params)}",
+        raise bad_request(f"{where}.function.parameters must be a JSON schema object, got {short_repr(params)}",
                           "tools")
     for key, kind in (("properties", Mapping), ("required", list)):
         if params is not None and params.get(key) is not None and not isinstance(params[key], kind):
@@ -118,10 +118,10 @@ def _tool_choice(raw: Any, tools: tuple[ToolSpec, ...]) -> ToolChoice:
     name = fn.get("name") if isinstance(fn, Mapping) else None
     if not isinstance(name, str):
         raise bad_request("tool_choice must be \"none\", \"auto\", \"required\" or "
-                          f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {_short(raw)}",
+                          f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {short_repr(raw)}",
                           "tool_choice")
     if not any(t.name == name for t in tools):
-        raise bad_request(f"tool_choice names function {_short(name)}, which is not in 'tools'", "tool_choice")
+        raise bad_request(f"tool_choice names function {short_repr(name)}, which is not in 'tools'", "tool_choice")
     return ToolChoice("function", name)
 
 
@@ -130,7 +130,7 @@ def parse_tools(body: Mapping[str, Any]) -> ToolRequest:
     An empty `tools` list means no tools (as vLLM and SGLang take it)."""
     raw = body.get("tools")
     if raw is not None and not isinstance(raw, list):
-        raise bad_request(f"'tools' must be a list of function tools, got {_short(raw)}", "tools")
+        raise bad_request(f"'tools' must be a list of function tools, got {short_repr(raw)}", "tools")
     tools = tuple(_tool(t, i) for i, t in enumerate(raw or ()))
     choice = _tool_choice(body.get("tool_choice"), tools)
     cost = count_tokens(json.dumps(raw, separators=(",", ":"))) if tools else 0
@@ -166,7 +166,7 @@ def parse_response_format(body: Mapping[str, Any]) -> ResponseFormat:
     kind = raw.get("type") if isinstance(raw, Mapping) else None
     if kind not in _FORMAT_KINDS:
         raise bad_request(f"'response_format' must be an object whose 'type' is one of {', '.join(_FORMAT_KINDS)}, "
-                          f"got {_short(raw)}", "response_format")
+                          f"got {short_repr(raw)}", "response_format")
     if kind != "json_schema":
         return TEXT_FORMAT if kind == "text" else ResponseFormat(kind)
     spec = raw.get("json_schema")
@@ -174,10 +174,10 @@ def parse_response_format(body: Mapping[str, Any]) -> ResponseFormat:
         return ResponseFormat("json_schema", raw["schema"])
     if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
         raise bad_request("response_format.json_schema must be an object with a string 'name' and a JSON "
-                          f"schema object 'schema', got {_short(spec)}", "response_format")
+                          f"schema object 'schema', got {short_repr(spec)}", "response_format")
     schema = spec.get("schema")
     if schema is not None and not isinstance(schema, Mapping):
-        raise bad_request(f"response_format.json_schema.schema must be a JSON schema object, got {_short(schema)}",
+        raise bad_request(f"response_format.json_schema.schema must be a JSON schema object, got {short_repr(schema)}",
                           "response_format")
     return ResponseFormat("json_schema", schema or {})
 
@@ -273,3 +273,10 @@ class ChunkWriter:
         out = _head(self.kind, self.call.rid, self.created, self.model, True)
         out.update(choices=[], usage=self.call.usage)
         return sse(out)
+
+    def end(self) -> bytes:
+        """The last chunk, the usage chunk when asked for, and [DONE]."""
+        return self.finish() + (self.usage() if self.include_usage else b"") + DONE
+
+    def failed(self, err: ApiError) -> bytes:
+        return sse(err.body()) + DONE

@@ -92,7 +92,8 @@ class SimService:
 
     @staticmethod
     def new_rid(kind: str) -> str:
-        return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        prefix = {"chat": "chatcmpl", "responses": "resp"}.get(kind, "cmpl")
+        return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
     async def submit(self, rid: str, call: ParsedCall, lab: ResolvedLabel, endpoint: str) -> Call:
         if self.draining:

@@ -206,20 +206,21 @@ async def test_crewai_per_agent_stages_from_each_llms_interceptor(server, monkey
     assert _seen(server, "crew-two") == [("research", "researcher", "body"), ("write", "writer", "body")]
 
 
-def _agents_sdk_model(server, stage: str, agent: str):
-    """An OpenAI Agents SDK model on chat completions (the SDK's default, the Responses API,
-    is not served by the simulator: docs/integrations.md),
-    with a client of its own that fixes the agent's stage and agent."""
+def _agents_sdk_model(server, stage: str, agent: str, api: str):
+    """An OpenAI Agents SDK model on the Responses API (the SDK's default) or on chat
+    completions, with a client of its own that fixes the agent's stage and agent."""
     import openai
-    from agents import OpenAIChatCompletionsModel
+    from agents import OpenAIChatCompletionsModel, OpenAIResponsesModel
 
     http = labelled_async_http_client(stage=stage, agent=agent)
-    return OpenAIChatCompletionsModel(model="topas-sim",
-                                      openai_client=openai.AsyncOpenAI(base_url=server.url, api_key="x", http_client=http))
+    client = openai.AsyncOpenAI(base_url=server.url, api_key="x", http_client=http)
+    model = OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel
+    return model(model="topas-sim", openai_client=client)
 
 
+@pytest.mark.parametrize("api", ["responses", "chat"])
 @pytest.mark.parametrize("streamed", [False, True])
-async def test_openai_agents_sdk_tool_and_handoff_label_each_agent(server, streamed):
+async def test_openai_agents_sdk_tool_and_handoff_label_each_agent(server, streamed, api):
     pytest.importorskip("agents.models.openai_chatcompletions")
     from agents import Agent, Runner, function_tool, set_tracing_disabled
 
@@ -227,11 +228,12 @@ async def test_openai_agents_sdk_tool_and_handoff_label_each_agent(server, strea
 
     set_tracing_disabled(True)  # the SDK's tracing exports to OpenAI's servers
     seen, get_weather = _weather_tool_log()
-    writer = Agent(name="writer", instructions="Write one sentence.", model=_agents_sdk_model(server, "write", "writer"))
+    writer = Agent(name="writer", instructions="Write one sentence.",
+                   model=_agents_sdk_model(server, "write", "writer", api))
     researcher = Agent(name="researcher", instructions="Find the weather, then hand off.",
                        tools=[function_tool(get_weather)], handoffs=[writer],
-                       model=_agents_sdk_model(server, "research", "researcher"))
-    tid = f"oa-agents-{streamed}"
+                       model=_agents_sdk_model(server, "research", "researcher", api))
+    tid = f"oa-agents-{api}-{streamed}"
     async with task(task_id=tid, base_url=server.url):
         # the echo responder calls the tool the message names: first the function, then the handoff
         ask = "What is the weather in Paris? Use get_weather."

@@ -34,6 +34,36 @@ MESSAGES = st.lists(st.fixed_dictionaries({}, optional={"role": st.sampled_from(
 CHAT = st.fixed_dictionaries({}, optional={"messages": MESSAGES, "model": SCALARS, "max_tokens": SCALARS,
                                            "max_completion_tokens": SCALARS, "n": SCALARS, "stream": SCALARS,
                                            "stream_options": JSON, "topas": LABEL | JSON, "prompt": JSON})
+PARTS = st.lists(st.fixed_dictionaries({}, optional={"type": st.sampled_from(["input_text", "output_text", "input_image"])
+                                                    | JSON, "text": TEXT | JSON}), max_size=2)
+ITEMS = st.lists(st.fixed_dictionaries({}, optional={
+    "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "bad"]) | JSON,
+    "role": st.sampled_from(["user", "system", "assistant", "developer", "tool"]) | JSON, "content": TEXT | PARTS | JSON,
+    "call_id": TEXT | JSON, "name": TEXT | JSON, "arguments": TEXT | JSON, "output": TEXT | PARTS | JSON}), max_size=4)
+TOOL = st.fixed_dictionaries({}, optional={"type": st.sampled_from(["function", "web_search"]) | JSON,
+                                           "name": TEXT | JSON, "parameters": JSON, "strict": SCALARS})
+RESPONSES = st.fixed_dictionaries({}, optional={
+    "input": TEXT | ITEMS | JSON, "instructions": TEXT | JSON, "model": SCALARS, "max_output_tokens": SCALARS,
+    "stream": SCALARS, "tools": st.lists(TOOL, max_size=2) | JSON, "tool_choice": JSON,
+    "text": st.fixed_dictionaries({"format": st.fixed_dictionaries({}, optional={
+        "type": st.sampled_from(["text", "json_object", "json_schema"]) | JSON, "name": TEXT | JSON, "schema": JSON})})
+    | JSON, "previous_response_id": SCALARS, "metadata": JSON, "user": SCALARS, "parallel_tool_calls": SCALARS,
+    "temperature": SCALARS, "topas": LABEL | JSON})
+PLAIN = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=20)
+FUNCTION = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}
+# well-formed calls with fuzzed optional parts: the answers themselves (text, tool calls, JSON,
+# streams, echoed fields) are exercised, not only the refusals
+GOOD_RESPONSES = st.fixed_dictionaries(
+    {"input": st.sampled_from(["hi", [{"role": "user", "content": [{"type": "input_text", "text": "hi f"}]}],
+                               [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                                {"type": "function_call_output", "call_id": "c", "output": "ok"}]]) | PLAIN,
+     "max_output_tokens": st.integers(1, 40)},
+    optional={"stream": st.booleans(), "tools": st.just([FUNCTION]),
+              "tool_choice": st.sampled_from(["auto", "none", "required", {"type": "function", "name": "f"}]),
+              "text": st.sampled_from([{"format": {"type": "json_object"}}, {"format": {"type": "text"}},
+                                       {"format": {"type": "json_schema", "name": "s", "schema": FUNCTION["parameters"]}}]),
+              "instructions": PLAIN, "metadata": JSON, "user": SCALARS, "parallel_tool_calls": SCALARS,
+              "temperature": st.floats(0, 2), "topas": st.just({"task_id": "fz", "stage": "s1", "agent": "a"})})
 # header values as a client can send them (h11 refuses surrounding whitespace)
 HEADER_TEXT = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=30).map(str.strip) | (
     st.sampled_from(["9" * 5000, "", "12", "-1", "Bearer x", "\u00e9"]))
@@ -81,6 +111,23 @@ def test_fuzzed_call_bodies_and_headers(http, body, path, headers):
     _check(rsp)
     if rsp.status_code == 200 and body.get("stream") is True:
         assert rsp.text.rstrip().endswith("data: [DONE]")
+
+
+@FUZZ
+@given(body=RESPONSES | GOOD_RESPONSES, headers=HEADER_SET)
+def test_fuzzed_responses_api_bodies(http, body, headers):
+    headers.pop("Authorization", None)
+    sent = {k: v.encode("latin-1") for k, v in headers.items()}
+    rsp = http.post("/v1/responses", content=json.dumps(body, allow_nan=True),
+                    headers={**sent, "Content-Type": "application/json"})
+    _check(rsp)
+    if rsp.status_code != 200:
+        return
+    if body.get("stream") is True:  # an event stream that ends with the final response
+        last = rsp.text.rstrip().rsplit("\n\n", 1)[-1]
+        assert last.startswith(("event: response.completed", "event: response.incomplete")), last[:200]
+    else:  # strict JSON (no NaN/Infinity echoed from the body)
+        assert json.loads(rsp.text, parse_constant=lambda c: pytest.fail(c))["object"] == "response"
 
 
 @FUZZ
