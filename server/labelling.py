@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import LabelError
-from ..labels import BODY_KEY, Label, parse_label
+from ..labels import BODY_KEY, METADATA_KEYS, Label, label_from_metadata, parse_label
 from ..workflow import Workflow
 from .api_errors import bad_request, from_label_error
 from .protocol import ParsedCall
@@ -65,17 +65,25 @@ def _check_workflow(lab: Label, registry: WorkflowRegistry, tenant: Tenant) -> W
 
 
 def resolve_label(body: Mapping[str, Any], headers: Mapping[str, str], call: ParsedCall,
-                  registry: WorkflowRegistry, rid: str, tenant: Tenant = None) -> ResolvedLabel:
-    """Raises ApiError(400) naming `topas.<field>` for a malformed or inconsistent label."""
+                  registry: WorkflowRegistry, rid: str, tenant: Tenant = None,
+                  metadata: Any = None) -> ResolvedLabel:
+    """Raises ApiError(400) naming `topas.<field>` for a malformed or inconsistent label.
+    `metadata`: a Responses request's, read when the body and headers carry no label."""
     try:
         lab = parse_label(body, headers)
     except LabelError as exc:
         raise from_label_error(exc) from None
+    source: Literal["body", "headers"] = "body" if body.get(BODY_KEY) is not None else "headers"
+    if lab is None and metadata is not None:
+        try:
+            lab = label_from_metadata(metadata)
+        except LabelError as exc:
+            raise bad_request(str(exc), f"metadata.{METADATA_KEYS.get(exc.field, BODY_KEY)}") from None
+        source = "body"  # metadata is part of the body
     if lab is None:
         # each unlabelled call is its own one-stage task; its prompt is all dynamic input
         return ResolvedLabel(None, "none", qualify(tenant, f"untagged-{rid}"), UNLABELLED_STAGE,
                              qualify(tenant, UNLABELLED_AGENT), None, None, 0, "unlabelled", tenant)
-    source: Literal["body", "headers"] = "body" if body.get(BODY_KEY) is not None else "headers"
     wf = _check_workflow(lab, registry, tenant)
     if lab.prefix_tokens is not None:
         prefix, prefix_source = lab.prefix_tokens, "label"

@@ -1,5 +1,5 @@
 """Three sim replicas behind smg and the Topas front, on loopback: labels survive the
-gateway (chat and completions, streaming or not, body or header labels), task affinity,
+gateway (chat, completions and responses, streaming or not, body or header labels), task affinity,
 the control plane, and a clean stop."""
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ def _send(client: httpx.Client, base: str, task: str, stage: str, agent: str, *,
     body: dict = {"model": "any-name", "max_tokens": 6, "stream": stream}
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": f"hello from {task}"}]
+    elif endpoint == "responses":  # smg refuses an unknown `topas` field there: the front moves it
+        body = {"model": "any-name", "max_output_tokens": 6, "stream": stream, "input": f"hello from {task}",
+                "metadata": {"mine": "kept"}}
     else:
         body["prompt"] = f"hello from {task}"
     headers = {}
@@ -56,16 +59,20 @@ def _send(client: httpx.Client, base: str, task: str, stage: str, agent: str, *,
     else:
         headers = {"X-Topas-Task-Id": task, "X-Topas-Stage": stage, "X-Topas-Agent": agent,
                    "X-Topas-Workflow": "chain3"}
-    path = "/chat/completions" if endpoint == "chat" else "/completions"
+    path = {"chat": "/chat/completions", "responses": "/responses"}.get(endpoint, "/completions")
     r = client.post(base + path, json=body, headers=headers)
     assert r.status_code == 200, r.text
-    if stream:
+    if stream and endpoint == "responses":
+        assert r.text.rstrip().rsplit("\n\n", 1)[-1].startswith(("event: response.completed", "event: response.incomplete"))
+    elif stream:
         assert r.text.rstrip().endswith("data: [DONE]")
+    elif endpoint == "responses":
+        assert r.json()["metadata"]["mine"] == "kept"  # the caller's own metadata travels too
     return r.text
 
 
 @pytest.mark.parametrize("how", ["body", "headers"])
-@pytest.mark.parametrize("endpoint", ["chat", "completion"])
+@pytest.mark.parametrize("endpoint", ["chat", "completion", "responses"])
 @pytest.mark.parametrize("stream", [False, True])
 def test_labels_survive_and_tasks_stay_whole(cluster, how, endpoint, stream):
     prefix = f"lab-{how}-{endpoint}-{int(stream)}-"

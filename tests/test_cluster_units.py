@@ -375,3 +375,19 @@ def test_completion_stream_resumes_and_async_too():
         return "".join([c.choices[0].delta.content or "" async for c in a]), a.resumed
 
     assert asyncio.run(run()) == ("hello world", 1)
+
+
+def test_a_responses_label_moves_into_metadata_which_smg_forwards():
+    from topas_agents.labels import label_from_metadata
+    from topas_agents.server.cluster.requests import label_into_metadata
+
+    lab = {"task_id": "t", "stage": "s1", "agent": "a", "workflow": "chain3", "prefix_tokens": 12}
+    body = {"input": "x", "topas": dict(lab), "metadata": {"mine": "kept"}}
+    label_into_metadata(body)
+    assert "topas" not in body and body["metadata"]["mine"] == "kept"
+    assert all(isinstance(v, str) for v in body["metadata"].values())  # Responses metadata: strings
+    assert label_from_metadata(body["metadata"]).to_body() == lab
+    for odd in ({"input": "x", "topas": "t1"}, {"input": "x", "topas": lab, "metadata": ["no"]}):
+        before = {k: v for k, v in odd.items()}
+        label_into_metadata(odd)  # left for the replica to refuse, with its own 400
+        assert odd == before

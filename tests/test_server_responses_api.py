@@ -73,6 +73,19 @@ def test_header_labels_and_a_function_call_round_trip(server):
     assert [c["label_source"] for c in calls if c["task_id"] == "resp-2"] == ["headers", "headers"]
 
 
+def test_a_label_in_metadata_is_read_after_the_body_and_headers(server):
+    # what the cluster front sends through smg, which refuses a `topas` body field there
+    meta = {"topas_task_id": "resp-meta", "topas_stage": "s2", "topas_agent": "b", "topas_workflow": "chain3",
+            "topas_prefix_tokens": "40", "mine": "x"}
+    out = _post(server, {"model": "m", "input": "hi", "metadata": meta}).json()
+    assert (out["topas"]["task_id"], out["topas"]["stage"]) == ("resp-meta", "s2") and out["metadata"] == meta
+    headers = {"X-Topas-Task-Id": "resp-hdr", "X-Topas-Stage": "s1", "X-Topas-Agent": "a"}
+    assert _post(server, {"model": "m", "input": "hi", "metadata": meta}, headers=headers).json()["topas"][
+        "task_id"] == "resp-hdr"
+    bad = _post(server, {"model": "m", "input": "hi", "metadata": {**meta, "topas_prefix_tokens": "many"}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "metadata.topas_prefix_tokens"
+
+
 @pytest.mark.parametrize("tools", [None, TOOLS])
 def test_the_event_stream_builds_the_same_answer(server, tools):
     body = {"model": "m", "input": "stream me a longer answer please", "stream": True, "topas": LABEL}

@@ -119,7 +119,7 @@ def _ended(server: Any, task: str, limit_s: float = 60.0) -> dict | None:
     return None
 
 
-@pytest.mark.parametrize("how", ["body", "headers", "stream"])
+@pytest.mark.parametrize("how", ["body", "headers", "metadata", "stream"])
 def test_responses_api_calls_reach_the_scheduler_labelled(server: Any, how: str) -> None:
     # before: /v1/responses built its engine request without the chat conversion the plugin
     # hooks, and its request model dropped the `topas` field: every call ran unlabelled
@@ -129,6 +129,8 @@ def test_responses_api_calls_reach_the_scheduler_labelled(server: Any, how: str)
     if how == "headers":
         headers = {"X-Topas-Task-Id": label["task_id"], "X-Topas-Stage": "s1", "X-Topas-Agent": "a",
                    "X-Topas-Workflow": "tiny3"}
+    elif how == "metadata":  # what the cluster front sends through smg (labels.METADATA_KEYS)
+        body["metadata"] = {f"topas_{k}": v for k, v in label.items()}
     else:
         body["topas"] = label
     if how == "stream":

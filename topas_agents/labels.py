@@ -7,7 +7,8 @@ Body (preferred; clients send it through openai's `extra_body`):
 
 Headers (alternative): X-Topas-Task-Id, X-Topas-Stage, X-Topas-Agent, X-Topas-Workflow,
 X-Topas-Prefix-Tokens. When both are present the body wins, field by field never mixed:
-a body label is taken whole.
+a body label is taken whole. A Responses API request may also carry it in `metadata`
+(`METADATA_KEYS`: what the cluster front sends through smg), read last.
 """
 
 from __future__ import annotations
@@ -181,13 +182,35 @@ def label_from_headers(headers: Mapping[str, str]) -> Label | None:
     return label_from_mapping(fields) if fields else None
 
 
-def parse_label(body: Mapping[str, Any] | None, headers: Mapping[str, str] | None = None) -> Label | None:
-    """The request's label, or None if unlabelled. Raises LabelError when malformed."""
+# A Responses API request's string `metadata` carries the label where neither the body field
+# nor the headers travel: smg (1.13) refuses unknown /v1/responses body fields and forwards no
+# X-Topas-* header, but passes `metadata` on to the worker. One key per field (metadata values
+# are strings of at most 512 characters; a label's text is at most MAX_LABEL_CHARS).
+METADATA_KEYS = {field: f"topas_{field}" for field in HEADERS}
+
+
+def to_metadata(fields: Mapping[str, Any]) -> dict[str, str]:
+    """Label fields as Responses `metadata` entries."""
+    return {METADATA_KEYS[k]: str(v) for k, v in fields.items() if k in METADATA_KEYS and v is not None}
+
+
+def label_from_metadata(metadata: Any) -> Label | None:
+    """The label in a Responses request's `metadata` (None: none there); LabelError when malformed."""
+    if not isinstance(metadata, Mapping):
+        return None
+    fields = {field: metadata[key] for field, key in METADATA_KEYS.items() if key in metadata}
+    return label_from_mapping(fields) if fields else None
+
+
+def parse_label(body: Mapping[str, Any] | None, headers: Mapping[str, str] | None = None,
+                metadata: Any = None) -> Label | None:
+    """The request's label, or None if unlabelled: the body field, else the X-Topas-* headers,
+    else (a Responses request) its `metadata` entries. Raises LabelError when malformed."""
     if body is not None and not isinstance(body, Mapping):
         raise LabelError(BODY_KEY, f"the request body must be a JSON object, got {type(body).__name__}")
     if body is not None and body.get(BODY_KEY) is not None:
         return label_from_mapping(body[BODY_KEY])
-    return label_from_headers(headers or {})
+    return label_from_headers(headers or {}) or label_from_metadata(metadata)
 
 
 # ---------------------------------------------------------------------------- context

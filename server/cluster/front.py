@@ -54,6 +54,7 @@ from .requests import (
     MAX_CALLS_DIGITS,
     MAX_WORKFLOW_BODY_BYTES,
     done_path,
+    label_into_metadata,
     lift_label,
     route_key,
     route_key_header,
@@ -131,9 +132,12 @@ class Front:
         headers = [(k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in drop]
         body = parse_json_body(raw)
         if isinstance(body, dict):  # else (a list, a number) the replica answers the 400
-            key = route_key(lift_label(body, request.headers), self.config.router_policy)
+            label = lift_label(body, request.headers)
+            key = route_key(label, self.config.router_policy)
             if key is not None:
                 headers.append((ROUTE_KEY_HEADER.encode("ascii"), route_key_header(key)))
+            if request.url.path == "/v1/responses" and label is not None:
+                label_into_metadata(body)
             model = await self.model_id()
             if model is not None:
                 body["model"] = model
@@ -324,6 +328,7 @@ def build_front(config: ClusterConfig) -> Starlette:
     routes = [
         Route("/v1/chat/completions", front.relay, methods=["POST"]),
         Route("/v1/completions", front.relay, methods=["POST"]),
+        Route("/v1/responses", front.relay, methods=["POST"]),
         Route("/v1/models", front.models, methods=["GET"]),
         Route("/v1/models/{model:path}", front.models, methods=["GET"]),
         Route("/health", front.health, methods=["GET"]),

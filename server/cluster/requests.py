@@ -8,7 +8,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from topas_agents.labels import BODY_KEY, MAX_LABEL_CHARS, header_fields, text_problem
+from topas_agents.labels import BODY_KEY, MAX_LABEL_CHARS, header_fields, text_problem, to_metadata
 from topas_agents.server.api_errors import ApiError
 from topas_agents.server.config import ServerConfig
 
@@ -36,6 +36,18 @@ def lift_label(body: dict[str, Any], headers: Mapping[str, str]) -> Any:
         body[BODY_KEY] = from_headers
         return from_headers
     return None
+
+
+def label_into_metadata(body: dict[str, Any]) -> None:
+    """A Responses request's label moved from the `topas` body field into `metadata` entries
+    (`labels.METADATA_KEYS`), which smg forwards: its /v1/responses refuses unknown body
+    fields (400 "unknown field `topas`") and it forwards no X-Topas-* header. A label that
+    is not an object, or a `metadata` that is not one, is left for the replica to refuse."""
+    label, metadata = body.get(BODY_KEY), body.get("metadata")
+    if not isinstance(label, Mapping) or not (metadata is None or isinstance(metadata, dict)):
+        return
+    body.pop(BODY_KEY)
+    body["metadata"] = {**(metadata or {}), **to_metadata(label)}
 
 
 def route_key_header(key: str) -> bytes:
