@@ -36,7 +36,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from topas_agents.cluster.stream_retry import AsyncResumingStream, ResumingStream
+from topas_agents.cluster.stream_retry import AsyncResumingStream, ResponsesProgress, ResumingStream
 from topas_agents.labels import BODY_KEY, Label, carries_label, current_label
 
 
@@ -78,12 +78,15 @@ class _Endpoint:
     `parse` and `stream` helpers."""
 
     def __init__(self, target: Any, retry: RetryConfig, is_async: bool,
-                 label_fn: Callable[[], Label | None], resume_streams: bool = True) -> None:
+                 label_fn: Callable[[], Label | None], resume_streams: bool = True,
+                 progress: Callable[[], Any] | None = None) -> None:
         self._target = target
         self._retry = retry
         self._async = is_async
         self._label_fn = label_fn
         self._resume = resume_streams
+        # what a stream's chunks deliver (stream_retry): chat/completion chunks unless given
+        self._progress = {"progress": progress} if progress is not None else {}
 
     @property
     def with_raw_response(self) -> _Endpoint:
@@ -115,7 +118,7 @@ class _Endpoint:
         if call_kwargs.get("stream") and self._resume:
             # A stream cut mid-way (a replica died behind the gateway: no [DONE], or an error
             # event) is re-issued once, with the same label, and resumed after what was delivered.
-            return ResumingStream(result, lambda: self._create_once(call_kwargs))
+            return ResumingStream(result, lambda: self._create_once(call_kwargs), **self._progress)
         return result
 
     def parse(self, **kwargs: Any) -> Any:
@@ -140,7 +143,7 @@ class _Endpoint:
     async def _acreate(self, call_kwargs: dict[str, Any]) -> Any:
         result = await self._acreate_once(call_kwargs)
         if call_kwargs.get("stream") and self._resume:
-            return AsyncResumingStream(result, lambda: self._acreate_once(call_kwargs))
+            return AsyncResumingStream(result, lambda: self._acreate_once(call_kwargs), **self._progress)
         return result
 
     async def _acreate_once(self, call_kwargs: dict[str, Any], method: str = "create") -> Any:
@@ -190,8 +193,8 @@ class LabelledClient:
         self.completions = _Endpoint(inner.completions, retry, is_async, label_fn)
         responses = getattr(inner, "responses", None)  # the Responses API: openai >= 1.66
         if responses is not None:
-            # labelled and retried; a cut stream is not resumed (its events are not chat chunks)
-            self.responses = _Endpoint(responses, retry, is_async, label_fn, resume_streams=False)
+            # labelled and retried; a cut event stream is re-issued once and resumed
+            self.responses = _Endpoint(responses, retry, is_async, label_fn, progress=ResponsesProgress)
 
     def with_options(self, **options: Any) -> LabelledClient:
         """`client.with_options(...)`, still labelled (forwarded bare, it returned the plain

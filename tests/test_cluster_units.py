@@ -391,3 +391,48 @@ def test_a_responses_label_moves_into_metadata_which_smg_forwards():
         before = {k: v for k, v in odd.items()}
         label_into_metadata(odd)  # left for the replica to refuse, with its own 400
         assert odd == before
+
+
+def _response_events(text: str, cut: int | None, pieces: int, tool: bool = False) -> list:
+    """A Responses API event stream for one message (or function call) of `text`, in
+    `pieces` deltas; cut after `cut` events (None: whole)."""
+    from types import SimpleNamespace as E
+
+    size = max(1, -(-len(text) // pieces))
+    parts = [text[i:i + size] for i in range(0, len(text), size)]
+    delta = "response.function_call_arguments.delta" if tool else "response.output_text.delta"
+    where = {"output_index": 0} if tool else {"output_index": 0, "content_index": 0}
+    events = [E(type="response.created"), E(type="response.in_progress"),
+              E(type="response.output_item.added", output_index=0)]
+    if not tool:
+        events.append(E(type="response.content_part.added", **where))
+    events += [E(type=delta, delta=p, **where) for p in parts]
+    events += [E(type="response.output_item.done", output_index=0), E(type="response.completed")]
+    return events[:cut] if cut is not None else events
+
+
+@given(text=st.text(min_size=1, max_size=40), cut=st.integers(0, 9), pieces=st.integers(1, 6), tool=st.booleans())
+def test_a_cut_responses_stream_resumes_with_each_character_and_event_once(text, cut, pieces, tool):
+    from topas_agents.cluster.stream_retry import ResponsesProgress
+
+    first = _response_events(text, cut, pieces, tool)
+    was_cut = first[-1].type != "response.completed" if first else True
+    stream = ResumingStream(_FakeStream(first), lambda: _FakeStream(_response_events(text, None, pieces + 1, tool)),
+                            progress=ResponsesProgress)
+    events = list(stream)
+    kinds = [e.type for e in events]
+    assert "".join(e.delta for e in events if e.type.endswith(".delta")) == text
+    for once in ("response.created", "response.in_progress", "response.output_item.added", "response.completed"):
+        assert kinds.count(once) == 1, kinds
+    assert kinds[-1] == "response.completed" and stream.resumed == int(was_cut)
+
+
+async def test_a_responses_stream_cut_twice_raises():
+    from topas_agents.cluster.stream_retry import ResponsesProgress
+
+    async def reopen():
+        return _FakeStream(_response_events("abcdef", 5, 2))
+
+    stream = AsyncResumingStream(_FakeStream(_response_events("abcdef", 5, 2)), reopen, progress=ResponsesProgress)
+    with pytest.raises(StreamCutError, match="final response event"):
+        [e async for e in stream]

@@ -311,3 +311,60 @@ async def test_async_parse_is_labelled_and_retried(server):
         out = await client.chat.completions.parse(model="m", messages=MSG)
     assert out.choices[0].message.content == "ok"
     assert [body["topas"]["task_id"] for _, body in rec.requests] == ["aparse-t", "aparse-t"]
+
+
+def _responses_sse(text: str, cut: bool) -> bytes:
+    """A Responses API event stream for `text` in two-character deltas (cut: the connection
+    ends after the first delta, without the final event, as a replica dying behind smg does)."""
+    item = {"type": "message", "id": "msg_1", "status": "in_progress", "role": "assistant", "content": []}
+    resp = {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "status": "in_progress",
+            "output": [], "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+    part = {"type": "output_text", "text": "", "annotations": []}
+    where = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+    events = [("response.created", {"response": resp}), ("response.in_progress", {"response": resp}),
+              ("response.output_item.added", {"output_index": 0, "item": item}),
+              ("response.content_part.added", {**where, "part": part})]
+    events += [("response.output_text.delta", {**where, "delta": text[i:i + 2], "logprobs": []})
+               for i in range(0, len(text), 2)]
+    if cut:
+        events = events[:5]
+    else:
+        done_item = {**item, "status": "completed", "content": [{**part, "text": text}]}
+        events += [("response.output_item.done", {"output_index": 0, "item": done_item}),
+                   ("response.completed", {"response": {**resp, "status": "completed", "output": [done_item]}})]
+    return b"".join(f"event: {k}\ndata: {json.dumps({'type': k, 'sequence_number': n, **e})}\n\n".encode()
+                    for n, (k, e) in enumerate(events))
+
+
+@pytest.mark.skipif(not _HAS_RESPONSES, reason="this openai has no Responses API")
+def test_a_cut_responses_stream_is_reissued_once_and_resumed():
+    served: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            served.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            data = _responses_sse("hello world", cut=len(served) == 1)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        client = labelled(openai.OpenAI(base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", api_key="x"),
+                          FAST_RETRY)
+        with label(task_id="cut-r", stage="s", agent="a"):
+            stream = client.responses.create(model="m", input="hi", stream=True)
+            events = list(stream)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    # before: a cut Responses stream ended quietly, handing the caller partial text
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "hello world"
+    assert [e.type for e in events].count("response.created") == 1 and events[-1].type == "response.completed"
+    assert stream.resumed == 1 and [b["topas"]["task_id"] for b in served] == ["cut-r", "cut-r"]

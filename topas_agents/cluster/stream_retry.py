@@ -31,8 +31,8 @@ class StreamCutError(TopasError, ConnectionError):
 
 
 def _cut(resumed: int) -> StreamCutError:
-    return StreamCutError(f"the stream ended without a finish_reason (re-issued {resumed} time(s)): "
-                          "the server or the gateway cut it")
+    return StreamCutError(f"the stream ended without a finish_reason or a final response event (re-issued "
+                          f"{resumed} time(s)): the server or the gateway cut it")
 
 
 def transient(exc: BaseException) -> bool:
@@ -82,13 +82,66 @@ class _Progress:
         return chunk if keep else None
 
 
-class ResumingStream:
-    """Iterate like the `openai.Stream` it wraps; re-opens the call once if it breaks."""
+# The Responses API's stream: its deltas, and the events that end it.
+_RESPONSE_DELTAS = ("response.output_text.delta", "response.function_call_arguments.delta")
+_RESPONSE_ENDS = ("response.completed", "response.incomplete", "response.failed")
+_RESPONSE_OPENERS = ("response.created", "response.in_progress")
 
-    def __init__(self, stream: Any, reopen: Callable[[], Any], attempts: int = RESUME_ATTEMPTS) -> None:
+
+class ResponsesProgress:
+    """`_Progress` for a Responses API event stream: it is over at its `response.completed`
+    (or `.incomplete` / `.failed`) event; on a replay, the opening and `.added` events the
+    caller has already seen are dropped, and text and argument deltas are trimmed by what was
+    delivered (per output item and content part)."""
+
+    def __init__(self) -> None:
+        self.delivered: dict[tuple[int, int], int] = {}
+        self.replayed: dict[tuple[int, int], int] = {}
+        self.announced: set[tuple[str, int, int]] = set()
+        self.finished = False
+        self.replaying = False
+
+    def restart(self) -> None:
+        self.replaying = True
+        self.replayed = {}
+
+    def admit(self, event: Any) -> Any | None:
+        kind = getattr(event, "type", "")
+        where = (getattr(event, "output_index", -1), getattr(event, "content_index", -1) or 0)
+        if kind in _RESPONSE_ENDS:
+            self.finished = True
+        if kind in _RESPONSE_OPENERS or kind.endswith(".added"):
+            seen = (kind, *where)
+            if self.replaying and seen in self.announced:
+                return None  # the caller has it from the first attempt
+            self.announced.add(seen)
+        if kind not in _RESPONSE_DELTAS:
+            return event
+        text = getattr(event, "delta", "") or ""
+        done = self.delivered.get(where, 0)
+        if not self.replaying:
+            self.delivered[where] = done + len(text)
+            return event
+        seen_chars = self.replayed.get(where, 0)
+        self.replayed[where] = seen_chars + len(text)
+        skip = min(len(text), max(0, done - seen_chars))
+        if skip:
+            event.delta = text[skip:]
+        self.delivered[where] = max(done, self.replayed[where])
+        return event if event.delta else None
+
+
+class ResumingStream:
+    """Iterate like the `openai.Stream` it wraps; re-opens the call once if it breaks.
+    `progress`: what a chunk or event delivers (`_Progress` for chat and completion chunks,
+    `ResponsesProgress` for Responses API events)."""
+
+    def __init__(self, stream: Any, reopen: Callable[[], Any], attempts: int = RESUME_ATTEMPTS,
+                 progress: Callable[[], Any] = _Progress) -> None:
         self._stream = stream
         self._reopen = reopen
         self._attempts = attempts
+        self._progress = progress
         self.resumed = 0  # how many times the call was re-issued
         self._it: Iterator[Any] | None = None
 
@@ -98,7 +151,7 @@ class ResumingStream:
         return next(self._it)
 
     def __iter__(self) -> Iterator[Any]:
-        progress = _Progress()
+        progress = self._progress()
         while True:
             try:
                 for chunk in self._stream:
@@ -136,10 +189,12 @@ class ResumingStream:
 class AsyncResumingStream:
     """The `openai.AsyncStream` counterpart of `ResumingStream`."""
 
-    def __init__(self, stream: Any, reopen: Callable[[], Awaitable[Any]], attempts: int = RESUME_ATTEMPTS) -> None:
+    def __init__(self, stream: Any, reopen: Callable[[], Awaitable[Any]], attempts: int = RESUME_ATTEMPTS,
+                 progress: Callable[[], Any] = _Progress) -> None:
         self._stream = stream
         self._reopen = reopen
         self._attempts = attempts
+        self._progress = progress
         self.resumed = 0
         self._ait: AsyncIterator[Any] | None = None
 
@@ -149,7 +204,7 @@ class AsyncResumingStream:
         return await self._ait.__anext__()
 
     async def __aiter__(self) -> AsyncIterator[Any]:
-        progress = _Progress()
+        progress = self._progress()
         while True:
             try:
                 async for chunk in self._stream:
