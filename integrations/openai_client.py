@@ -121,18 +121,29 @@ class _Endpoint:
             return ResumingStream(result, lambda: self._create_once(call_kwargs), **self._progress)
         return result
 
-    def parse(self, **kwargs: Any) -> Any:
+    @property
+    def parse(self) -> Callable[..., Any]:
         """openai's structured-output helper (`chat.completions.parse`, `responses.parse`),
-        labelled and retried like `create`. Forwarded bare, its calls went unlabelled."""
-        call_kwargs = with_label(kwargs, self._label_fn())
-        if self._async:
-            return self._acreate_once(call_kwargs, "parse")
-        return self._create_once(call_kwargs, "parse")
+        labelled and retried like `create`. Forwarded bare, its calls went unlabelled. An
+        openai without it (1.x before 1.40) raises AttributeError here, as it would."""
+        getattr(self._target, "parse")  # noqa: B009 - the target's AttributeError, at access
 
-    def stream(self, **kwargs: Any) -> Any:
+        def parse(**kwargs: Any) -> Any:
+            call_kwargs = with_label(kwargs, self._label_fn())
+            if self._async:
+                return self._acreate_once(call_kwargs, "parse")
+            return self._create_once(call_kwargs, "parse")
+        return parse
+
+    @property
+    def stream(self) -> Callable[..., Any]:
         """openai's streaming helper (a context manager), labelled; not retried: the stream is
         opened by the caller's `with`, after this call returns."""
-        return self._target.stream(**with_label(kwargs, self._label_fn()))
+        target = self._target.stream  # the target's AttributeError, at access
+
+        def stream(**kwargs: Any) -> Any:
+            return target(**with_label(kwargs, self._label_fn()))
+        return stream
 
     def _create_once(self, call_kwargs: dict[str, Any], method: str = "create") -> Any:
         for attempt in Retrying(**self._retrying_kwargs()):

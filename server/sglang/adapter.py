@@ -114,7 +114,7 @@ class Adapter:
     def on_responses(self, request: Any, raw_request: Any) -> None:
         """A Responses API call: its label is checked now (LabelError: HTTP 400) and kept on
         the HTTP request until its engine requests are sent (`on_generate`)."""
-        label = labels_http.label_of(request, raw_request, self.workflows)
+        label = labels_http.label_of(request, raw_request, self.workflows, getattr(request, "metadata", None))
         if label is not None and raw_request is not None:
             labels_http.keep_label(raw_request, label)
             self.stats["http_labelled"] += 1

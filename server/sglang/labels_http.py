@@ -66,12 +66,12 @@ def check_workflow(label: Label, workflows: Mapping[str, Workflow]) -> None:
                                   f"'{expected}', got '{label.agent}'")
 
 
-def label_of(request: Any, raw_request: Any, workflows: Mapping[str, Workflow]) -> Label | None:
-    """The request's label (body field `topas`, else X-Topas-* headers, else a Responses
-    request's `metadata` entries: what smg forwards), validated."""
+def label_of(request: Any, raw_request: Any, workflows: Mapping[str, Workflow],
+             metadata: Any = None) -> Label | None:
+    """The request's label (body field `topas`, else X-Topas-* headers, else `metadata`
+    entries: a Responses request's, which smg forwards), validated."""
     body = {BODY_KEY: getattr(request, BODY_KEY, None)}
     headers = getattr(raw_request, "headers", None) or {}
-    metadata = getattr(request, "metadata", None)  # ResponsesRequest only
     label = parse_label(body, headers, metadata if isinstance(metadata, Mapping) else None)
     if label is not None:
         check_workflow(label, workflows)
