@@ -85,8 +85,7 @@ class _Endpoint:
         self._async = is_async
         self._label_fn = label_fn
         self._resume = resume_streams
-        # what a stream's chunks deliver (stream_retry): chat/completion chunks unless given
-        self._progress = {"progress": progress} if progress is not None else {}
+        self._progress = progress  # what a stream's chunks deliver (stream_retry; None: chat's)
 
     @property
     def with_raw_response(self) -> _Endpoint:
@@ -118,7 +117,7 @@ class _Endpoint:
         if call_kwargs.get("stream") and self._resume:
             # A stream cut mid-way (a replica died behind the gateway: no [DONE], or an error
             # event) is re-issued once, with the same label, and resumed after what was delivered.
-            return ResumingStream(result, lambda: self._create_once(call_kwargs), **self._progress)
+            return ResumingStream(result, lambda: self._create_once(call_kwargs), progress=self._progress)
         return result
 
     @property
@@ -154,7 +153,7 @@ class _Endpoint:
     async def _acreate(self, call_kwargs: dict[str, Any]) -> Any:
         result = await self._acreate_once(call_kwargs)
         if call_kwargs.get("stream") and self._resume:
-            return AsyncResumingStream(result, lambda: self._acreate_once(call_kwargs), **self._progress)
+            return AsyncResumingStream(result, lambda: self._acreate_once(call_kwargs), progress=self._progress)
         return result
 
     async def _acreate_once(self, call_kwargs: dict[str, Any], method: str = "create") -> Any:

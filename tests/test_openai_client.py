@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
@@ -24,6 +24,8 @@ class Recorder:
     def __init__(self) -> None:
         self.requests: list[tuple[dict, dict]] = []  # (headers, body)
         self.paths: list[str] = []  # of the requests, in the same order
+        # (content type, body) of the 200 answer to the n-th request (from 1): a completion unless set
+        self.reply: Callable[[dict, int], tuple[str, bytes]] | None = None
         self.statuses: list[int] = []  # statuses to answer next (then 200)
         self.lock = threading.Lock()
 
@@ -50,9 +52,11 @@ def _handler(rec: Recorder) -> type[BaseHTTPRequestHandler]:
                 rec.paths.append(self.path)
                 status = rec.statuses.pop(0) if rec.statuses else 200
             payload = _completion(body) if status == 200 else {"error": {"message": f"status {status}"}}
-            data = json.dumps(payload).encode()
+            kind, data = "application/json", json.dumps(payload).encode()
+            if status == 200 and rec.reply is not None:
+                kind, data = rec.reply(body, len(rec.requests))
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -337,34 +341,14 @@ def _responses_sse(text: str, cut: bool) -> bytes:
 
 
 @pytest.mark.skipif(not _HAS_RESPONSES, reason="this openai has no Responses API")
-def test_a_cut_responses_stream_is_reissued_once_and_resumed():
-    served: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802
-            served.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            data = _responses_sse("hello world", cut=len(served) == 1)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        client = labelled(openai.OpenAI(base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", api_key="x"),
-                          FAST_RETRY)
-        with label(task_id="cut-r", stage="s", agent="a"):
-            stream = client.responses.create(model="m", input="hi", stream=True)
-            events = list(stream)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+def test_a_cut_responses_stream_is_reissued_once_and_resumed(server):
+    url, rec = server
+    rec.reply = lambda body, n: ("text/event-stream", _responses_sse("hello world", cut=n == 1))
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    with label(task_id="cut-r", stage="s", agent="a"):
+        stream = client.responses.create(model="m", input="hi", stream=True)
+        events = list(stream)
     # before: a cut Responses stream ended quietly, handing the caller partial text
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "hello world"
     assert [e.type for e in events].count("response.created") == 1 and events[-1].type == "response.completed"
-    assert stream.resumed == 1 and [b["topas"]["task_id"] for b in served] == ["cut-r", "cut-r"]
+    assert stream.resumed == 1 and [b["topas"]["task_id"] for _, b in rec.requests] == ["cut-r", "cut-r"]

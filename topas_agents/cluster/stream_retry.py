@@ -47,12 +47,13 @@ def _text_field(choice: Any) -> tuple[Any, str]:
     return (delta, "content") if delta is not None else (choice, "text")
 
 
-class _Progress:
-    """What this call has delivered per choice index, and where a replay has got to."""
+class _Replay:
+    """What a call has delivered per text stream (a choice, or an output item's content part),
+    and where a replay has got to; `finished` once the stream's end was seen."""
 
     def __init__(self) -> None:
-        self.delivered: dict[int, int] = {}
-        self.replayed: dict[int, int] = {}
+        self.delivered: dict[Any, int] = {}
+        self.replayed: dict[Any, int] = {}
         self.finished = False
         self.replaying = False
 
@@ -60,23 +61,32 @@ class _Progress:
         self.replaying = True
         self.replayed = {}
 
+    def trim(self, key: Any, text: str) -> str:
+        """`text`, the next piece of stream `key`, less what the caller already has."""
+        done = self.delivered.get(key, 0)
+        if not self.replaying:
+            self.delivered[key] = done + len(text)
+            return text
+        seen = self.replayed.get(key, 0)
+        self.replayed[key] = seen + len(text)
+        self.delivered[key] = max(done, self.replayed[key])
+        return text[min(len(text), max(0, done - seen)):]
+
+
+class _Progress(_Replay):
+    """`_Replay` of chat and completion chunks, per choice index."""
+
     def admit(self, chunk: Any) -> Any | None:
         """The chunk to hand to the caller (text trimmed on a replay), or None to drop it."""
         keep = not self.replaying or not chunk.choices  # a usage-only chunk always passes
         for choice in chunk.choices:
             owner, attr = _text_field(choice)
             text = getattr(owner, attr, None) or ""
-            i = choice.index
-            done = self.delivered.get(i, 0)
+            kept = self.trim(choice.index, text)
             if self.replaying:
-                seen = self.replayed.get(i, 0)
-                self.replayed[i] = seen + len(text)
-                skip = min(len(text), max(0, done - seen))
-                if skip:
-                    text = text[skip:]
-                    setattr(owner, attr, text)
-                keep = keep or bool(text) or choice.finish_reason is not None
-            self.delivered[i] = max(done, self.replayed.get(i, 0) if self.replaying else done + len(text))
+                if len(kept) != len(text):
+                    setattr(owner, attr, kept)
+                keep = keep or bool(kept) or choice.finish_reason is not None
             if choice.finish_reason is not None:
                 self.finished = True
         return chunk if keep else None
@@ -88,22 +98,15 @@ _RESPONSE_ENDS = ("response.completed", "response.incomplete", "response.failed"
 _RESPONSE_OPENERS = ("response.created", "response.in_progress")
 
 
-class ResponsesProgress:
-    """`_Progress` for a Responses API event stream: it is over at its `response.completed`
+class ResponsesProgress(_Replay):
+    """`_Replay` of a Responses API event stream: it is over at its `response.completed`
     (or `.incomplete` / `.failed`) event; on a replay, the opening and `.added` events the
     caller has already seen are dropped, and text and argument deltas are trimmed by what was
     delivered (per output item and content part)."""
 
     def __init__(self) -> None:
-        self.delivered: dict[tuple[int, int], int] = {}
-        self.replayed: dict[tuple[int, int], int] = {}
+        super().__init__()
         self.announced: set[tuple[str, int, int]] = set()
-        self.finished = False
-        self.replaying = False
-
-    def restart(self) -> None:
-        self.replaying = True
-        self.replayed = {}
 
     def admit(self, event: Any) -> Any | None:
         kind = getattr(event, "type", "")
@@ -118,30 +121,25 @@ class ResponsesProgress:
         if kind not in _RESPONSE_DELTAS:
             return event
         text = getattr(event, "delta", "") or ""
-        done = self.delivered.get(where, 0)
+        kept = self.trim(where, text)
         if not self.replaying:
-            self.delivered[where] = done + len(text)
             return event
-        seen_chars = self.replayed.get(where, 0)
-        self.replayed[where] = seen_chars + len(text)
-        skip = min(len(text), max(0, done - seen_chars))
-        if skip:
-            event.delta = text[skip:]
-        self.delivered[where] = max(done, self.replayed[where])
+        if len(kept) != len(text):
+            event.delta = kept
         return event if event.delta else None
 
 
 class ResumingStream:
     """Iterate like the `openai.Stream` it wraps; re-opens the call once if it breaks.
-    `progress`: what a chunk or event delivers (`_Progress` for chat and completion chunks,
+    `progress`: what a chunk or event delivers (default: chat and completion chunks;
     `ResponsesProgress` for Responses API events)."""
 
     def __init__(self, stream: Any, reopen: Callable[[], Any], attempts: int = RESUME_ATTEMPTS,
-                 progress: Callable[[], Any] = _Progress) -> None:
+                 progress: Callable[[], _Replay] | None = None) -> None:
         self._stream = stream
         self._reopen = reopen
         self._attempts = attempts
-        self._progress = progress
+        self._progress = progress or _Progress
         self.resumed = 0  # how many times the call was re-issued
         self._it: Iterator[Any] | None = None
 
@@ -190,11 +188,11 @@ class AsyncResumingStream:
     """The `openai.AsyncStream` counterpart of `ResumingStream`."""
 
     def __init__(self, stream: Any, reopen: Callable[[], Awaitable[Any]], attempts: int = RESUME_ATTEMPTS,
-                 progress: Callable[[], Any] = _Progress) -> None:
+                 progress: Callable[[], _Replay] | None = None) -> None:
         self._stream = stream
         self._reopen = reopen
         self._attempts = attempts
-        self._progress = progress
+        self._progress = progress or _Progress
         self.resumed = 0
         self._ait: AsyncIterator[Any] | None = None
 
