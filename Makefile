@@ -79,7 +79,7 @@ $(SGL_VENV)/.installed: pyproject.toml
 	touch $@
 
 # Includes real serving on CPU: one SGLang start per module/policy, two replicas behind smg and
-# one restart, one with the forecast guard (11 starts). See docs/sglang.md and docs/cluster.md.
+# one restart, one with the forecast guard, one keyed through the launcher (12 starts). See docs/sglang.md and docs/cluster.md.
 test-sglang: $(SGL_VENV)/.installed
 	$(SGL_VENV)/bin/python -m pytest -q -m sglang -p no:cacheprovider tests/test_sglang_*.py
 

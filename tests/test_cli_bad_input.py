@@ -234,3 +234,33 @@ def test_sglang_gets_one_api_key():
         build_command(args, [], api_keys=("k1", "k2"))
     with pytest.raises(ConfigError, match="give the API key once"):
         build_command(args, ["--", "--api-key", "k2"], api_keys=("k1",))
+
+
+def test_sglang_gets_its_key_in_an_owner_only_config_file(tmp_path):
+    # `ps` showed `--api-key K` on SGLang's command line to every local user
+    import stat
+
+    import yaml
+
+    from topas_agents.errors import ConfigError
+    from topas_agents.server.sglang.launch import move_api_key_to_config
+
+    cmd = ["python", "-m", "sglang.launch_server", "--api-key", "123", "--port", "9"]
+    assert move_api_key_to_config(cmd[:3], tmp_path) == cmd[:3]  # no key: unchanged, no file
+    moved = move_api_key_to_config(cmd, tmp_path)
+    assert "123" not in moved and moved[:5] == ["python", "-m", "sglang.launch_server", "--port", "9"]
+    path = Path(moved[-1])
+    assert moved[-2] == "--config" and path.parent == tmp_path and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert yaml.safe_load(path.read_text()) == {"api-key": "123"}  # a string: SGLang passes `--api-key 123`
+    user = tmp_path / "mine.yaml"
+    user.write_text("mem_fraction_static: 0.5\nenable-metrics: true\n")
+    (tmp_path / "b").mkdir()  # the file is created anew (O_EXCL): one directory per launch
+    moved = move_api_key_to_config([*cmd, "--config", str(user)], tmp_path / "b")
+    assert str(user) not in moved and moved.count("--config") == 1  # SGLang takes one --config
+    assert yaml.safe_load(Path(moved[-1]).read_text()) == {"mem_fraction_static": 0.5, "enable-metrics": True,
+                                                            "api-key": "123"}
+    for text, match in (("api_key: other\n", "give the API key once"), ("- a\n", "must hold a mapping"),
+                        ("a: [\n", "could not be read")):
+        user.write_text(text)
+        with pytest.raises(ConfigError, match=match):
+            move_api_key_to_config([*cmd, "--config", str(user)], tmp_path / "c")

@@ -5,6 +5,7 @@ the front checks it first on every endpoint but /health, and calls with it work 
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import httpx
 import pytest
@@ -79,13 +80,37 @@ def test_two_keys_are_refused_before_anything_starts():
 
 
 def test_smg_gets_the_replicas_key(monkeypatch):
-    from topas_agents.server.cluster.commands import smg_argv
+    from topas_agents.server.cluster.commands import SMG_KEY_ENV, smg_argv, smg_env
     from topas_agents.server.cluster.config import ClusterConfig
 
     monkeypatch.delenv("TOPAS_API_KEY", raising=False)
-    argv = smg_argv(ClusterConfig(serve_args=("--api-key", "k1")))
-    assert argv[argv.index("--api-key") + 1] == "k1"
-    assert "--api-key" not in smg_argv(ClusterConfig())
+    keyed = ClusterConfig(serve_args=("--api-key", "k1"))
+    assert smg_env(keyed) == {SMG_KEY_ENV: "k1"} and "k1" not in " ".join(smg_argv(keyed))
+    assert smg_env(ClusterConfig()) == {} and smg_argv(ClusterConfig())[1:3] == ("-m", "smg")
     monkeypatch.setenv("TOPAS_API_KEY", "from-env")  # a replica given no key reads it itself
-    argv = smg_argv(ClusterConfig())
-    assert argv[argv.index("--api-key") + 1] == "from-env"
+    assert smg_env(ClusterConfig()) == {SMG_KEY_ENV: "from-env"}
+
+
+def test_replicas_get_the_key_in_their_environment(monkeypatch):
+    from topas_agents.server.cluster.commands import replica_argv, replica_env
+    from topas_agents.server.cluster.config import ClusterConfig
+
+    monkeypatch.delenv("TOPAS_API_KEY", raising=False)
+    c = ClusterConfig(replicas=2, serve_args=("--api-key", "k1", "--workflow", "chain3", "--api-key=k1"))
+    argv = replica_argv(c, 2)
+    assert "k1" not in " ".join(argv) and argv[-2:] == ("--workflow", "chain3")
+    assert replica_env(c, 2) == {"TOPAS_API_KEY": "k1"}
+    assert replica_env(ClusterConfig(), 1) == {}
+
+
+def _cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/cmdline")
+def test_the_key_is_on_no_command_line(cluster):
+    # argv is world-readable (`ps`): a key there was every local user's; the environment is the owner's
+    children = [*cluster.replicas, cluster.gateway]
+    lines = {c.name: _cmdline(c.proc.pid) for c in children}
+    assert all(lines.values()) and not [name for name, line in lines.items() if KEY in line], lines

@@ -15,6 +15,14 @@ from .config import KEYED_POLICIES, ROUTE_KEY_HEADER, ClusterConfig
 # The smg release the cluster is tested with (pyproject's [cluster] extra pins it).
 TESTED_SMG = "1.13.0"
 
+# The cluster's API key never goes on a child's command line: argv is world-readable (`ps`,
+# /proc/PID/cmdline), a process's environment only to its owner. A replica reads
+# $TOPAS_API_KEY (`topas serve`'s own rule). smg reads its key from no environment variable,
+# so a keyed smg starts through this bootstrap, which adds `--api-key` in-process.
+SMG_KEY_ENV = "TOPAS_SMG_API_KEY"
+_SMG_BOOTSTRAP = ("import os, sys; from smg.cli import main; "
+                  f"main([*sys.argv[1:], '--api-key', os.environ['{SMG_KEY_ENV}']])")
+
 
 def smg_version() -> str:
     """The installed smg version; ConfigError with the fix when it is missing."""
@@ -36,7 +44,7 @@ def replica_argv(config: ClusterConfig, i: int) -> tuple[str, ...]:
             if arg == "--decision-log":
                 serve_args[k + 1] = replica_log_path(serve_args[k + 1], i)
     argv = [sys.executable, "-m", "topas_agents.server", "--engine", config.engine,
-            "--host", config.host, "--port", str(config.replica_port(i)), *serve_args]
+            "--host", config.host, "--port", str(config.replica_port(i)), *_without_api_key(serve_args)]
     if config.engine_args:
         argv += ["--", *config.engine_args]
     return tuple(argv)
@@ -50,12 +58,34 @@ def replica_log_path(path: str, i: int) -> str:
     return str(p.with_name(f"{p.stem}.replica-{i}{p.suffix}")) if p.name else f"{path}.replica-{i}"
 
 
+def _without_api_key(serve_args: list[str]) -> list[str]:
+    """`serve_args` less its `--api-key` options (the key travels in `replica_env`)."""
+    out, skip = [], False
+    for arg in serve_args:
+        if skip:
+            skip = False
+        elif arg == "--api-key":
+            skip = True
+        elif not arg.startswith("--api-key="):
+            out.append(arg)
+    return out
+
+
 def replica_env(config: ClusterConfig, i: int) -> dict[str, str]:
-    """--engine sglang: one GPU per replica (the given ids, else GPU i-1)."""
-    if config.engine != "sglang":
-        return {}
-    gpu = config.gpu_ids[i - 1] if config.gpu_ids else str(i - 1)
-    return {"CUDA_VISIBLE_DEVICES": gpu}
+    """The cluster's key as $TOPAS_API_KEY; --engine sglang: one GPU per replica (the given
+    ids, else GPU i-1)."""
+    env = {}
+    if (key := cluster_api_key(config)) is not None:
+        env["TOPAS_API_KEY"] = key
+    if config.engine == "sglang":
+        env["CUDA_VISIBLE_DEVICES"] = config.gpu_ids[i - 1] if config.gpu_ids else str(i - 1)
+    return env
+
+
+def smg_env(config: ClusterConfig) -> dict[str, str]:
+    """What `smg_argv`'s bootstrap reads: the cluster's key, where there is one."""
+    key = cluster_api_key(config)
+    return {SMG_KEY_ENV: key} if key is not None else {}
 
 
 def cluster_api_key(config: ClusterConfig) -> str | None:
@@ -72,7 +102,9 @@ def cluster_api_key(config: ClusterConfig) -> str | None:
 def smg_argv(config: ClusterConfig) -> tuple[str, ...]:
     g = config.gateway
     keyed = config.router_policy in KEYED_POLICIES
-    argv = [sys.executable, "-m", "smg", "launch",
+    keyed_gateway = cluster_api_key(config) is not None
+    launch = ["-c", _SMG_BOOTSTRAP] if keyed_gateway else ["-m", "smg"]
+    argv = [sys.executable, *launch, "launch",
             "--host", config.host, "--port", str(config.smg_port),
             "--prometheus-host", config.host, "--prometheus-port", str(config.smg_metrics_port),
             "--worker-urls", *config.replica_urls,
@@ -89,7 +121,5 @@ def smg_argv(config: ClusterConfig) -> tuple[str, ...]:
     if keyed:
         argv += ["--routing-key-headers", ROUTE_KEY_HEADER, "--assignment-mode", g.assignment_mode,
                  "--max-idle-secs", str(g.sticky_key_idle_secs)]
-    if (key := cluster_api_key(config)) is not None:
-        argv += ["--api-key", key]
     argv += list(config.extra_smg_args)
     return tuple(argv)

@@ -24,7 +24,7 @@ import uvicorn
 from topas_agents.errors import ConfigError, TopasError
 
 from ..sglang.config import require_sglang
-from .commands import replica_argv, replica_env, smg_argv, smg_version
+from .commands import replica_argv, replica_env, smg_argv, smg_env, smg_version
 from .config import ClusterConfig, GatewaySettings
 from .front import Front, build_front
 from .procs import Child, start_child, stop_children
@@ -191,7 +191,7 @@ def start_cluster(config: ClusterConfig, *, log_dir: Path | None = None,
                                        env=replica_env(config, i)))
         deadline = time.monotonic() + config.startup_timeout_s
         _wait_ready(started, [f"{u}/health" for u in config.replica_urls], deadline, "replica")
-        gateway = start_child("smg", smg_argv(config), log_dir=log_dir)
+        gateway = start_child("smg", smg_argv(config), log_dir=log_dir, env=smg_env(config))
         started.append(gateway)
         _wait_gateway(config, gateway, deadline)
         handle = ClusterHandle(config, started[:-1], gateway, log_dir)

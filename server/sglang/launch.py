@@ -4,7 +4,8 @@
 
 `main(args, extra_argv)` validates the Topas side (policy and options, profile, workflows,
 the plugin entry point being installed) so user errors exit 2 before SGLang starts, writes
-the plugin configuration into the environment (`TOPAS_SGLANG_*`, see config.py), and runs
+the plugin configuration into the environment (`TOPAS_SGLANG_*`, see config.py) and an API
+key into an owner-only `--config` file (not the command line), and runs
 `python -m sglang.launch_server` with the remaining arguments, forwarding SIGINT/SIGTERM and
 returning its exit status. `--host`/`--port`/`--log-level` of `topas serve` are passed on
 unless the SGLang arguments set them; `--model-path` may come from either side.
@@ -17,9 +18,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
+
+import yaml
 
 from ...cli.args import check_output
 from ...costmodel import DEFAULT_PROFILE, load_profile
@@ -27,6 +31,9 @@ from ...errors import ConfigError
 from ...policies import make_live_policy
 from ...workflow import load_workflow
 from .config import ENV, PluginConfig, require_sglang
+
+# The name of the SGLang config file (`--config`) that carries the API key: see move_api_key_to_config.
+KEY_CONFIG_NAME = "topas-sglang-config.yaml"
 
 PLUGIN_NAME = "topas"
 PLUGIN_TARGET = "topas_agents.server.sglang.plugin:register"
@@ -69,7 +76,8 @@ def _has_flag(argv: Sequence[str], flag: str) -> bool:
 
 def build_command(args: argparse.Namespace, extra_argv: Sequence[str], api_keys: Sequence[str] = ()) -> list[str]:
     """SGLang's command line. `api_keys`: `topas serve`'s keys (--api-key, else $TOPAS_API_KEY),
-    given to SGLang as its own --api-key; it checks one key, so tenants are --engine sim only."""
+    as SGLang's own --api-key (which `main` moves off the command line: move_api_key_to_config);
+    SGLang checks one key, so tenants are --engine sim only."""
     extra = list(extra_argv)
     if extra[:1] == ["--"]:
         extra = extra[1:]
@@ -95,6 +103,44 @@ def build_command(args: argparse.Namespace, extra_argv: Sequence[str], api_keys:
             raise ConfigError("give the API key once: --api-key, or SGLang's --api-key after `--`, not both")
         cmd += ["--api-key", keys[0]]
     return cmd + extra
+
+
+def move_api_key_to_config(cmd: Sequence[str], directory: Path) -> list[str]:
+    """`cmd` with its `--api-key KEY` moved into an SGLang `--config` YAML file written in
+    `directory`, readable by its owner only. A command line is world-readable (`ps`,
+    /proc/PID/cmdline); SGLang reads a key from no environment variable, but merges a YAML
+    `--config` into its arguments. A `--config` the user gave is copied into that file (its
+    own `api_key` as well is a ConfigError: one key)."""
+    cmd = list(cmd)
+    if "--api-key" not in cmd:
+        return cmd
+    i = cmd.index("--api-key")
+    key, cmd = cmd[i + 1], cmd[:i] + cmd[i + 2:]
+    settings: dict = {}
+    if "--config" in cmd and (j := cmd.index("--config")) + 1 < len(cmd):
+        settings = _user_config(Path(cmd[j + 1]))
+        cmd = cmd[:j] + cmd[j + 2:]
+    if {"api_key", "api-key"} & set(settings):
+        raise ConfigError("give the API key once: --api-key, or api_key in SGLang's --config file, not both")
+    settings["api-key"] = key  # SGLang turns each YAML key into `--KEY VALUE` verbatim
+    path = Path(directory) / KEY_CONFIG_NAME
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        yaml.safe_dump(settings, f)
+    return [*cmd, "--config", str(path)]
+
+
+def _user_config(path: Path) -> dict:
+    """The mapping in the user's SGLang `--config` file (ConfigError naming what is wrong)."""
+    try:
+        settings = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"SGLang's --config {str(path)!r} could not be read: {exc}") from None
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict):
+        raise ConfigError(f"SGLang's --config {str(path)!r} must hold a mapping of options, "
+                          f"got {type(settings).__name__}")
+    return settings
 
 
 def plugin_installed() -> bool:
@@ -129,7 +175,14 @@ def main(args: argparse.Namespace, extra_argv: Sequence[str], api_keys: Sequence
         raise ConfigError(f"the '{PLUGIN_NAME}' SGLang plugin entry point is not installed in this "
                           f"environment (pyproject [project.entry-points.\"sglang.srt.plugins\"]; "
                           f"reinstall with `pip install -e .`)")
-    proc = subprocess.Popen(cmd, env=build_env(config))
+    # the key's file lives as long as SGLang: removed with the directory when it exits
+    with tempfile.TemporaryDirectory(prefix="topas-sglang-") as private:
+        return _run(move_api_key_to_config(cmd, Path(private)), build_env(config))
+
+
+def _run(cmd: Sequence[str], env: Mapping[str, str]) -> int:
+    """Run SGLang, forwarding SIGINT/SIGTERM; its exit status."""
+    proc = subprocess.Popen(list(cmd), env=dict(env))
 
     def forward(signum: int, _frame: object) -> None:
         proc.send_signal(signum)
