@@ -1,6 +1,7 @@
 """Failover with smg and three sim replicas on loopback: a replica is SIGKILLed while its
-tasks are streaming; every call still completes at the client with its whole text once,
-the tasks re-home to live replicas and finish there, rebuilt from their labels."""
+tasks are streaming (chat completions, or the Responses API); every call still completes at
+the client with its whole text once, the tasks re-home to live replicas and finish there,
+rebuilt from their labels."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import openai
 import pytest
 
 from topas_agents import label
-from topas_agents.cluster.stream_retry import ResumingStream
+from topas_agents.cluster.stream_retry import ResponsesProgress, ResumingStream
 from topas_agents.integrations.openai_client import labelled
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("smg") is None, reason="needs the [cluster] extra (smg)")
@@ -32,10 +33,42 @@ def _in_flight_by_replica(urls) -> list[int]:
     return [httpx.get(f"{u}/v1/topas/stats").json()["requests"]["in_flight"] for u in urls]
 
 
-def test_replica_death_loses_no_call():
+class _Api:
+    """One OpenAI endpoint as the test drives it: chat completions or the Responses API."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def call(self, client: openai.OpenAI, task: str, stage: str, **kwargs):
+        if self.name == "chat":
+            return client.chat.completions.create(model="m", messages=_prompt(task, stage), **kwargs)
+        return client.responses.create(model="m", input=_prompt(task, stage), **kwargs)
+
+    def short(self) -> dict:
+        """A 4-token cap on the reply."""
+        return {"max_tokens": 4} if self.name == "chat" else {"max_output_tokens": 4}
+
+    def text(self, reply) -> str:
+        return reply.choices[0].message.content if self.name == "chat" else reply.output_text
+
+    def pieces(self, chunk) -> list[str]:
+        """The text a stream chunk (chat) or event (Responses) delivers."""
+        if self.name == "chat":
+            return [c.delta.content or "" for c in chunk.choices]
+        return [chunk.delta] if chunk.type == "response.output_text.delta" else []
+
+    def progress(self):
+        return None if self.name == "chat" else ResponsesProgress
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_replica_death_loses_no_call(api):
     from topas_agents.server.cluster.config import RestartPolicy
     from topas_agents.server.cluster.launcher import free_base_port, run_replicas
 
+    if api == "responses" and not hasattr(openai.OpenAI(api_key="x"), "responses"):
+        pytest.skip(f"openai {openai.__version__} has no Responses API")
+    ep = _Api(api)
     # no restart here: this test is about the two live replicas taking over (restarts are
     # tested in test_cluster_restart.py)
     with run_replicas(3, port=free_base_port(6), serve_args=SERVE_ARGS,
@@ -44,8 +77,7 @@ def test_replica_death_loses_no_call():
         client = labelled(openai.OpenAI(base_url=cluster.url, api_key="unused", timeout=30))
         bare = openai.OpenAI(base_url=cluster.url, api_key="unused", timeout=30, max_retries=0)
         # the echo responder's text depends on the prompt alone: the reference for each call
-        expected = {(f"fo-{t}", s): client.raw.chat.completions.create(model="m", messages=_prompt(f"fo-{t}", s))
-                    .choices[0].message.content for t in range(TASKS) for s, _ in STAGES}
+        expected = {(f"fo-{t}", s): ep.text(ep.call(client.raw, f"fo-{t}", s)) for t in range(TASKS) for s, _ in STAGES}
         started = threading.Barrier(TASKS + 1)
         resume = threading.Event()
         got: dict[tuple[str, str], str] = {}
@@ -53,10 +85,11 @@ def test_replica_death_loses_no_call():
         errors: list[BaseException] = []
 
         def consume(stream: ResumingStream, task: str, stage: str, pause: bool) -> None:
-            parts = []
-            for n, chunk in enumerate(stream):
-                parts.extend(c.delta.content or "" for c in chunk.choices)
-                if pause and n == 2:  # mid-stream: wait for the kill
+            parts: list[str] = []
+            for chunk in stream:
+                parts.extend(ep.pieces(chunk))
+                if pause and len([p for p in parts if p]) == 2:  # mid-stream: wait for the kill
+                    pause = False
                     started.wait(30)
                     resume.wait(30)
             got[(task, stage)] = "".join(parts)
@@ -65,16 +98,16 @@ def test_replica_death_loses_no_call():
         def run_task(task: str) -> None:
             try:
                 for k, (stage, agent) in enumerate(STAGES):
-                    kwargs = {"model": "m", "messages": _prompt(task, stage), "stream": True}
                     if k == 0:  # the wrapper itself resumes a stream cut by the kill
                         with label(task_id=task, stage=stage, agent=agent, workflow="chain3"):
-                            stream = client.chat.completions.create(**kwargs)
+                            stream = ep.call(client, task, stage, stream=True)
                             assert isinstance(stream, ResumingStream)
                             consume(stream, task, stage, pause=True)
                     else:  # later stages: no client retry at all; the gateway must re-home them
                         lab = {"task_id": task, "stage": stage, "agent": agent, "workflow": "chain3"}
-                        consume(ResumingStream(bare.chat.completions.create(**kwargs, extra_body={"topas": lab}),
-                                               lambda: None, attempts=0), task, stage, pause=False)
+                        raw = ep.call(bare, task, stage, stream=True, extra_body={"topas": lab})
+                        consume(ResumingStream(raw, lambda: None, attempts=0, progress=ep.progress()),
+                                task, stage, pause=False)
             except BaseException as exc:  # reported by the main thread
                 errors.append(exc)
 
@@ -111,9 +144,7 @@ def test_replica_death_loses_no_call():
         # new tasks after the death, without client retries: none is lost to the dead replica
         for t in range(6):
             lab = {"task_id": f"after-{t}", "stage": "s1", "agent": "a", "workflow": "chain3"}
-            out = bare.chat.completions.create(model="m", max_tokens=4, messages=_prompt("x", "s1"),
-                                               extra_body={"topas": lab})
-            assert out.choices[0].message.content
+            assert ep.text(ep.call(bare, "x", "s1", extra_body={"topas": lab}, **ep.short()))
     assert all(not child.alive() for child in cluster.children)
 
 
