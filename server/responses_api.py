@@ -28,6 +28,10 @@ from .openai_format import short_repr, topas_info
 
 _ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "text")
+# Media parts are taken and carry no text, as chat's image_url parts: the simulated engine
+# serves text, and an agent that attaches a screenshot or a file must not be refused here
+# when SGLang (with a multimodal model) would serve it.
+_MEDIA_PARTS = ("input_image", "input_file", "input_audio")
 _PASSED = ("model", "temperature", "top_p", "stream", "topas")  # same name, same meaning in chat
 
 
@@ -99,16 +103,20 @@ def _string(item: Mapping[str, Any], key: str, where: str) -> str:
 
 
 def _text(content: Any, where: str) -> str:
-    """A message's content as text: a string, or a list of text parts (joined)."""
+    """A message's content as text: a string, or a list of text parts (joined) and media parts
+    (which add no text)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad_request(f"'{where}' must be a string or a list of text parts, got {short_repr(content)}", where)
     texts = []
     for j, part in enumerate(content):
-        if not isinstance(part, Mapping) or part.get("type") not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise bad_request(f"'{where}[{j}]' must be a text part ({', '.join(_TEXT_PARTS)}); the simulated "
-                              f"server takes no images or files, got {short_repr(part)}", f"{where}[{j}]")
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind in _MEDIA_PARTS:
+            continue
+        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise bad_request(f"'{where}[{j}]' must be a text part ({', '.join(_TEXT_PARTS)}) or a media part "
+                              f"({', '.join(_MEDIA_PARTS)}), got {short_repr(part)}", f"{where}[{j}]")
         texts.append(part["text"])
     return "".join(texts)
 

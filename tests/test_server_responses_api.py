@@ -57,6 +57,18 @@ def test_a_text_answer_as_a_response_object_labelled_like_a_chat_call(server):
     assert [(c["stage"], c["label_source"]) for c in calls if c["task_id"] == "resp-1"] == [("s1", "body")]
 
 
+def test_image_and_file_parts_are_taken_and_add_no_text(server):
+    # an agent attaching a screenshot was a 400 here, where chat takes image_url parts
+    text = [{"type": "input_text", "text": "what is on it"}]
+    media = [{"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "auto"},
+             {"type": "input_file", "file_id": "file-1"}]
+    plain = _post(server, {"model": "m", "input": [{"role": "user", "content": text}]})
+    mixed = _post(server, {"model": "m", "input": [{"role": "user", "content": [media[0], *text, media[1]]}]})
+    assert plain.status_code == mixed.status_code == 200, mixed.text
+    assert mixed.json()["output"][0]["content"][0]["text"] == plain.json()["output"][0]["content"][0]["text"]
+    assert mixed.json()["usage"]["input_tokens"] == plain.json()["usage"]["input_tokens"]
+
+
 def test_header_labels_and_a_function_call_round_trip(server):
     headers = {"X-Topas-Task-Id": "resp-2", "X-Topas-Stage": "s1", "X-Topas-Agent": "a"}
     first = _post(server, {"model": "m", "input": "weather in Paris?", "tools": TOOLS}, headers=headers).json()
@@ -119,7 +131,8 @@ def test_max_output_tokens_ends_incomplete(server):
     ({"input": []}, "input"),
     ({}, "input"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0]"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input[0].content[0]"),
+    ({"input": [{"role": "user", "content": [{"type": "input_video", "url": "u"}]}]}, "input[0].content[0]"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": 3}]}]}, "input[0].content[0]"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0]"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
