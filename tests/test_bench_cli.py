@@ -110,8 +110,8 @@ def test_decision_cost_with_a_stand_in_module(tmp_path, capsys, monkeypatch):
     fake = types.ModuleType("fake_microbench")
     calls = []
 
-    def run_decision_benchmark(policies, n_agents=50, n_waiting=1000, seed=0, profile=None):
-        calls.append((policies, n_agents, n_waiting, seed, profile))
+    def run_decision_benchmark(policies, n_agents=50, n_waiting=1000, seed=0, profile=None, options=None):
+        calls.append((policies, n_agents, n_waiting, seed, profile, options))
         return {p: {"decision_ms_mean": 1.0} for p in policies}
 
     fake.run_decision_benchmark = run_decision_benchmark
@@ -120,8 +120,18 @@ def test_decision_cost_with_a_stand_in_module(tmp_path, capsys, monkeypatch):
     out = tmp_path / "d.json"
     assert main(["bench", "--decision-cost", "--policies", "fcfs,lpm", "--json", str(out),
                  "--profile", "h100-80g-qwen2.5-32b"]) == 0
-    assert calls == [(["fcfs", "lpm"], 50, 1000, 0, "h100-80g-qwen2.5-32b")]
+    assert calls == [(["fcfs", "lpm"], 50, 1000, 0, "h100-80g-qwen2.5-32b", {})]
     assert json.loads(capsys.readouterr().out) == json.loads(out.read_text())
+
+
+def test_decision_cost_times_the_options_given(capsys):
+    # --policy-opt was refused with --decision-cost: a configuration's cost could not be timed
+    argv = ["bench", "--decision-cost", "--policies", "topas-core", "--seed", "1"]
+    assert main([*argv, "--policy-opt", "topas-core.width=2", "--policy-opt", "topas-core.beta=0"]) == 0
+    row = json.loads(capsys.readouterr().out)["topas-core"]
+    assert row["options"] == {"width": 2, "beta": 0.0} and row["n"] == 200 and row["cpu_mean_ms"] > 0
+    assert main([*argv, "--policy-opt", "topas-core.no_such_knob=1"]) == 2
+    assert "no_such_knob" in capsys.readouterr().err
 
 
 def test_decision_cost_without_the_module(capsys, monkeypatch):

@@ -306,6 +306,7 @@ def test_a_flag_the_bench_mode_ignores_is_an_error(argv, message, capsys):
     ["--suite", "random", "--workflows", "3", "--suite-seed", "2", "--seeds", "1,2", "--protocol", "paper"],
     ["--workload", "chain3", "--replicas", "2", "--tasks-per-replica", "5", "--seeds", "0,1", "--jobs", "2"],
     ["--decision-cost", "--policies", "topas", "--profile", "h200-qwen2.5-32b", "--seed", "1"],
+    ["--decision-cost", "--policies", "topas", "--policy-opt", "topas.rho=2", "--policy-config", "c.yaml"],
     ["--server", "http://127.0.0.1:9/v1", "--workload", "chain3", "--tasks", "2", "--rate", "0.3", "--sim"],
 ])
 def test_flags_each_bench_mode_reads_pass_the_check(argv):

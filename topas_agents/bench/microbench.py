@@ -14,8 +14,10 @@ import gc
 import json
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
 
 from ..costmodel import Profile, load_profile
 from ..snapshot import Decision, PrefixView, RequestView, Snapshot, StageDone, TaskView, check_decision
@@ -190,9 +192,11 @@ def _world(n_agents: int, n_waiting: int, seed: int, profile: Profile) -> _World
 
 def run_decision_benchmark(policies: list[str], n_agents: int = 50, n_waiting: int = 1000, seed: int = 0,
                            *, decisions: int = 200, warmup: int = 20, profile: str | None = None,
-                           check: bool = False) -> dict:
+                           check: bool = False, options: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
     """Per-decision time of each policy: {"policy": {"mean_ms", "p99_ms", "n", "cpu_mean_ms",
-    "cpu_p99_ms", "running_mean", "waiting_mean", "profile", "warmup", "gc_mean_ms", "gc_full"}}
+    "cpu_p99_ms", "running_mean", "waiting_mean", "profile", "warmup", "gc_mean_ms", "gc_full",
+    "options"}}; `options`: each policy's options ({policy: {key: value}}, as `topas bench
+    --policy-opt` gives them), so a configuration's cost can be timed, not only the defaults'.
     (the last two: garbage collection inside the timed decisions, see `_GcMeter`). `running_mean` and
     `waiting_mean`: mean numbers of running and waiting requests over the timed decisions (how
     full the batch and the queue the policy reasons about were).
@@ -208,7 +212,8 @@ def run_decision_benchmark(policies: list[str], n_agents: int = 50, n_waiting: i
     for name in policies:
         world = _world(n_agents, n_waiting, seed, prof)
         # built as a live engine builds it: `topas` forecasts in a worker process, not in decide()
-        policy = build_policy(name, live=True)
+        opts = dict((options or {}).get(name, {}))
+        policy = build_policy(name, opts, live=True)
         times: list[float] = []
         cpu: list[float] = []
         running: list[float] = []
@@ -239,7 +244,7 @@ def run_decision_benchmark(policies: list[str], n_agents: int = 50, n_waiting: i
                      # CPU time of the deciding thread: robust to other processes on the core
                      "cpu_mean_ms": _mean(cpu), "cpu_p99_ms": _p99(cpu),
                      "running_mean": _mean(running), "waiting_mean": _mean(waiting), "profile": prof.name,
-                     "warmup": warmup, **collector.record(len(times))}
+                     "warmup": warmup, "options": opts, **collector.record(len(times))}
     return out
 
 

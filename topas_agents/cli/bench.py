@@ -136,7 +136,8 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--check", action="store_true", help="check engine invariants at every decision (slow)")
     p.add_argument("--decision-cost", action="store_true",
-                   help="instead of a bench, time one decision per policy (50 agents, 1000 waiting)")
+                   help="instead of a bench, time one decision per policy (50 agents, 1000 waiting; "
+                        "--policy-opt/--policy-config time a configuration)")
 
 
 def _add_suite_options(p: argparse.ArgumentParser) -> None:
@@ -203,7 +204,10 @@ def _decision_cost(args: argparse.Namespace) -> int:
         raise ConfigError(f"--decision-cost needs {MICROBENCH}:run_decision_benchmark, "
                           "which is not available in this install") from None
     load_profile(args.profile)  # a bad --profile fails here with its one-line message
-    result = bench(list(args.policies), n_agents=50, n_waiting=1000, seed=args.seed, profile=args.profile)
+    options = load_policy_config(args.policy_config, args.policies) if args.policy_config else {}
+    options = merge_options(options, parse_policy_opts(args.policy_opt, args.policies))
+    result = bench(list(args.policies), n_agents=50, n_waiting=1000, seed=args.seed, profile=args.profile,
+                   options=options)
     print(json.dumps(result, indent=2))
     if args.json:
         write_json(args.json, result)

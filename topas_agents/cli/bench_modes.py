@@ -24,7 +24,8 @@ _REAL_ONLY = frozenset({"--server", "--engine", "--model-path", "--engine-arg", 
 # What each mode reads beyond _COMMON (see the mode's own code: realbench.runner.run_from_args,
 # suite.cli.config_from_args, cluster.cli.run_cluster_from_args, bench.runner.BenchConfig).
 MODE_FLAGS: dict[BenchMode, frozenset[str]] = {
-    "decision-cost": frozenset({"--decision-cost"}),
+    # the options of the policies timed (not --kv-budget: the benchmark's world uses the profile's)
+    "decision-cost": frozenset({"--decision-cost", "--policy-opt", "--policy-config"}),
     # realbench replays one --workload at one --rate; the server or engine it starts takes no options
     "real": _REAL_ONLY | {"--workload", "--tasks", "--rate"},
     "suite": _POLICY_SETUP | {"--suite", "--load", "--tasks", "--seeds", "--protocol", "--host-tier",
