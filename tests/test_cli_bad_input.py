@@ -247,6 +247,8 @@ def test_sglang_gets_its_key_in_an_owner_only_config_file(tmp_path):
 
     cmd = ["python", "-m", "sglang.launch_server", "--api-key", "123", "--port", "9"]
     assert move_api_key_to_config(cmd[:3], tmp_path) == cmd[:3]  # no key: unchanged, no file
+    for no_value in (cmd[:4], [*cmd[:4], "--port", "9"]):  # SGLang's parser names the missing value
+        assert move_api_key_to_config(no_value, tmp_path) == no_value
     moved = move_api_key_to_config(cmd, tmp_path)
     assert "123" not in moved and moved[:5] == ["python", "-m", "sglang.launch_server", "--port", "9"]
     path = Path(moved[-1])

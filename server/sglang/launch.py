@@ -112,9 +112,9 @@ def move_api_key_to_config(cmd: Sequence[str], directory: Path) -> list[str]:
     `--config` into its arguments. A `--config` the user gave is copied into that file (its
     own `api_key` as well is a ConfigError: one key)."""
     cmd = list(cmd)
-    if "--api-key" not in cmd:
-        return cmd
-    i = cmd.index("--api-key")
+    i = cmd.index("--api-key") if "--api-key" in cmd else len(cmd)
+    if i + 1 >= len(cmd) or cmd[i + 1].startswith("-"):
+        return cmd  # no key, or a flag with no value: SGLang's own parser names the mistake
     key, cmd = cmd[i + 1], cmd[:i] + cmd[i + 2:]
     settings: dict = {}
     if "--config" in cmd and (j := cmd.index("--config")) + 1 < len(cmd):

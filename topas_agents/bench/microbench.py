@@ -194,10 +194,10 @@ def run_decision_benchmark(policies: list[str], n_agents: int = 50, n_waiting: i
                            *, decisions: int = 200, warmup: int = 20, profile: str | None = None,
                            check: bool = False, options: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
     """Per-decision time of each policy: {"policy": {"mean_ms", "p99_ms", "n", "cpu_mean_ms",
-    "cpu_p99_ms", "running_mean", "waiting_mean", "profile", "warmup", "gc_mean_ms", "gc_full",
-    "options"}}; `options`: each policy's options ({policy: {key: value}}, as `topas bench
-    --policy-opt` gives them), so a configuration's cost can be timed, not only the defaults'.
-    (the last two: garbage collection inside the timed decisions, see `_GcMeter`). `running_mean` and
+    "cpu_p99_ms", "running_mean", "waiting_mean", "profile", "warmup", "options", "gc_mean_ms",
+    "gc_full"}} (the last two: garbage collection inside the timed decisions, see `_GcMeter`).
+    `options`: each policy's options ({policy: {key: value}}, as `topas bench --policy-opt`
+    gives them), so a configuration's cost can be timed, not only the defaults'. `running_mean` and
     `waiting_mean`: mean numbers of running and waiting requests over the timed decisions (how
     full the batch and the queue the policy reasons about were).
     `warmup` untimed decisions come first. The world starts cold: over the first few hundred
