@@ -114,3 +114,7 @@ def test_the_key_is_on_no_command_line(cluster):
     children = [*cluster.replicas, cluster.gateway]
     lines = {c.name: _cmdline(c.proc.pid) for c in children}
     assert all(lines.values()) and not [name for name, line in lines.items() if KEY in line], lines
+    # what a child prints (SGLang: its arguments, the key among them) is its owner's only
+    logs = sorted(cluster.log_dir.glob("*.log"))
+    assert {p.stem for p in logs} >= {"smg", "replica-1", "replica-2"}
+    assert {oct(p.stat().st_mode & 0o777) for p in logs} == {"0o600"}

@@ -71,12 +71,20 @@ def start_child(name: str, argv: Sequence[str], *, log_dir: Path | None,
     The kernel SIGTERMs the child when the *thread* that started it exits (PR_SET_PDEATHSIG
     is per thread), so start children from a thread that lives as long as the cluster."""
     log_path = log_dir / f"{name}.log" if log_dir is not None else None
-    log = open(log_path, "ab" if append else "wb") if log_path is not None else None  # noqa: SIM115 (kept open for the child)
+    log = _open_log(log_path, append) if log_path is not None else None
     full_env = {**os.environ, **(env or {})}
     proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, env=full_env, start_new_session=True,
                             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     return Child(name, tuple(argv), proc, log_path, log)
+
+
+def _open_log(path: Path, append: bool) -> IO[bytes]:
+    """A child's log, readable by its owner only: SGLang prints its arguments at start-up, the
+    API key among them, and the directory may be one the caller named (`run_replicas(log_dir=...)`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o600)
+    os.fchmod(fd, 0o600)  # a log left by an earlier run keeps its mode through O_CREAT
+    return os.fdopen(fd, "ab" if append else "wb")
 
 
 def stop_children(children: Sequence[Child], timeout_s: float) -> None:
