@@ -76,6 +76,7 @@ class ToolCall:
 
 
 def short_repr(value: Any) -> str:
+    """User input in an error message: bounded, and never raising (a 5000-digit int's repr does)."""
     try:
         return reprlib.repr(value)
     except ValueError:  # a huge int's repr raises

@@ -12,7 +12,6 @@ server would refuse is refused here too, not served) and otherwise ignored. Erro
 from __future__ import annotations
 
 import math
-import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,6 +27,7 @@ from .openai_format import (
     ToolRequest,
     parse_response_format,
     parse_tools,
+    short_repr,
 )
 
 CallKind = Literal["chat", "completion"]
@@ -82,14 +82,6 @@ class ParsedCall:
         return "\n".join(m.content for m in self.messages)
 
 
-def short(value: Any) -> str:
-    """User input in an error message: bounded, and never raising (a 5000-digit int's repr does)."""
-    try:
-        return reprlib.repr(value)
-    except ValueError:
-        return "a huge integer"
-
-
 def _content_text(content: Any, i: int) -> str:
     if content is None:
         return ""
@@ -122,7 +114,7 @@ def _messages(body: Mapping[str, Any]) -> tuple[Message, ...]:
             raise bad_request(f"messages[{i}] must be an object", f"messages[{i}]")
         role = m.get("role")
         if not isinstance(role, str) or role not in _ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {sorted(_ROLES)}, got {short(role)}",
+            raise bad_request(f"messages[{i}].role must be one of {sorted(_ROLES)}, got {short_repr(role)}",
                               f"messages[{i}].role")
         out.append(Message(role, _content_text(m.get("content"), i)))
     return tuple(out)
@@ -155,7 +147,7 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS:
-            raise bad_request(f"'{key}' must be an integer >= 1 and <= {MAX_TOKENS}, got {short(value)}", key)
+            raise bad_request(f"'{key}' must be an integer >= 1 and <= {MAX_TOKENS}, got {short_repr(value)}", key)
         given.append(value)
     return given[0] if given else None
 
@@ -165,7 +157,7 @@ def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise bad_request(f"'stream' must be a boolean, got {short(stream)}", "stream")
+        raise bad_request(f"'stream' must be a boolean, got {short_repr(stream)}", "stream")
     options = body.get("stream_options")
     if options is None:
         return stream, False
@@ -187,13 +179,13 @@ def _check_sampling(body: Mapping[str, Any]) -> None:
             value = adapter.validate_python(raw)
         except ValidationError:
             what = {"seed": "an integer", "stop": "a string or a list of strings"}.get(key, "a number")
-            raise bad_request(f"'{key}' must be {what}, got {short(raw)}", key) from None
+            raise bad_request(f"'{key}' must be {what}, got {short_repr(raw)}", key) from None
         if key not in _SAMPLING_RANGES:
             continue
         lo, hi, lo_ok = _SAMPLING_RANGES[key]
         if not math.isfinite(value) or value < lo or (value == lo and not lo_ok) or (hi is not None and value > hi):
             where = f"{'[' if lo_ok else '('}{lo:g}, {'inf)' if hi is None else f'{hi:g}]'}"
-            raise bad_request(f"'{key}' must be a finite number in {where}, got {short(raw)}", key)
+            raise bad_request(f"'{key}' must be a finite number in {where}, got {short_repr(raw)}", key)
 
 
 def _common(body: Any) -> tuple[str | None, int | None, bool, bool]:
@@ -202,7 +194,7 @@ def _common(body: Any) -> tuple[str | None, int | None, bool, bool]:
     _check_sampling(body)
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
-        raise bad_request(f"only n=1 is supported, got {short(n)}", "n")
+        raise bad_request(f"only n=1 is supported, got {short_repr(n)}", "n")
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or len(model) > MAX_MODEL_CHARS):
         raise bad_request(f"'model' must be a string of at most {MAX_MODEL_CHARS} characters", "model")

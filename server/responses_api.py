@@ -8,10 +8,11 @@ label, the engine and the responders serve it unchanged; the answer is rendered 
 Taken: `input` (a string, or message / function_call / function_call_output items; reasoning
 items are skipped), `instructions`, function `tools` and `tool_choice`, `max_output_tokens`,
 `stream`, `text.format` (text, json_object, json_schema), the sampling fields chat checks,
-and the `topas` label (body or X-Topas-* headers). Refused with a 400 naming the field:
+and the `topas` label (body, X-Topas-* headers, or `metadata` entries `topas_*`). Refused with a 400 naming the field:
 `previous_response_id` and `background` (the simulator stores no responses: send the whole
-conversation), built-in tool types, and input content other than text. Other fields are
-echoed or ignored.
+conversation), built-in tool types, and content parts other than text and media (image, file
+and audio parts are taken and add no text, as chat's non-text parts). Other fields are echoed
+or ignored.
 """
 
 from __future__ import annotations
@@ -267,7 +268,6 @@ class ResponsesWriter:
     def __init__(self, body: Mapping[str, Any], call: Call, model: str) -> None:
         self.shape = ResponseShape(body, call, model)
         self.seq = 0
-        self.text_sent = ""
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **fields}
@@ -290,7 +290,6 @@ class ResponsesWriter:
         return b"".join(out)
 
     def text(self, delta: str) -> bytes:
-        self.text_sent += delta
         if self.shape.call.tool_call is not None:
             return self._event("response.function_call_arguments.delta", **self._where(), delta=delta)
         return self._event("response.output_text.delta", **self._where(), delta=delta, logprobs=[])

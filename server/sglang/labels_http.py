@@ -72,7 +72,7 @@ def label_of(request: Any, raw_request: Any, workflows: Mapping[str, Workflow],
     entries: a Responses request's, which smg forwards), validated."""
     body = {BODY_KEY: getattr(request, BODY_KEY, None)}
     headers = getattr(raw_request, "headers", None) or {}
-    label = parse_label(body, headers, metadata if isinstance(metadata, Mapping) else None)
+    label = parse_label(body, headers, metadata)  # a metadata that is no mapping holds no label
     if label is not None:
         check_workflow(label, workflows)
     return label
