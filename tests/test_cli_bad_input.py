@@ -227,9 +227,9 @@ def test_sglang_gets_one_api_key():
 
     args = argparse.Namespace(model_path="/m", host="127.0.0.1", port=9, log_level="info")
     cmd = build_command(args, [], api_keys=("k1",))
-    assert cmd[-2:] == ["--api-key", "k1"]
+    assert cmd[-1] == "--api-key=k1"
     assert "--api-key" not in build_command(args, [])
-    assert build_command(args, [], api_keys=("k1", "k1"))[-2:] == ["--api-key", "k1"]
+    assert build_command(args, [], api_keys=("k1", "k1"))[-1] == "--api-key=k1"
     with pytest.raises(ConfigError, match="takes one --api-key"):
         build_command(args, [], api_keys=("k1", "k2"))
     with pytest.raises(ConfigError, match="give the API key once"):

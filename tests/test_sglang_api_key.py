@@ -5,7 +5,8 @@ an owner-only `--config` file, removed when SGLang exits.
 
 The product's launcher runs as a user runs it (`python -m topas_agents.server --engine
 sglang`), with the key in $TOPAS_API_KEY (the way to keep it off the launcher's own command
-line too), on CPU where there is no CUDA (tests/sglang_cpu)."""
+line too), on CPU where there is no CUDA (tests/sglang_cpu). SGLang logs its arguments, the
+key among them; the launcher's copy of its output masks it."""
 
 from __future__ import annotations
 
@@ -79,3 +80,7 @@ def test_the_key_reaches_sglang_and_no_command_line(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert not config.exists()  # the launcher removes the key's file with its directory
+    log = output.read_text(errors="replace")
+    # SGLang logs its arguments at start-up (`server_args={... 'api_key': KEY ...}`): the
+    # launcher masks the key in its copy of SGLang's output
+    assert "'api_key': '***'" in log and KEY not in log, log[-3000:]

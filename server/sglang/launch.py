@@ -7,7 +7,8 @@ the plugin entry point being installed) so user errors exit 2 before SGLang star
 the plugin configuration into the environment (`TOPAS_SGLANG_*`, see config.py) and an API
 key into an owner-only `--config` file (not the command line), and runs
 `python -m sglang.launch_server` with the remaining arguments, forwarding SIGINT/SIGTERM and
-returning its exit status. `--host`/`--port`/`--log-level` of `topas serve` are passed on
+returning its exit status (with a key, SGLang's output reaches ours with the key masked:
+redact.py). `--host`/`--port`/`--log-level` of `topas serve` are passed on
 unless the SGLang arguments set them; `--model-path` may come from either side.
 """
 
@@ -22,6 +23,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -31,9 +33,12 @@ from ...errors import ConfigError
 from ...policies import make_live_policy
 from ...workflow import load_workflow
 from .config import ENV, PluginConfig, require_sglang
+from .redact import start_copies
 
 # The name of the SGLang config file (`--config`) that carries the API key: see move_api_key_to_config.
 KEY_CONFIG_NAME = "topas-sglang-config.yaml"
+# SGLang options whose values are secrets: kept off its command line and masked in its output.
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
 
 PLUGIN_NAME = "topas"
 PLUGIN_TARGET = "topas_agents.server.sglang.plugin:register"
@@ -101,32 +106,83 @@ def build_command(args: argparse.Namespace, extra_argv: Sequence[str], api_keys:
     if keys:
         if _has_flag(extra, "--api-key"):
             raise ConfigError("give the API key once: --api-key, or SGLang's --api-key after `--`, not both")
-        cmd += ["--api-key", keys[0]]
+        cmd.append(f"--api-key={keys[0]}")  # one word: a key is a value even where it begins with '-'
     return cmd + extra
 
 
+class SecretOption(NamedTuple):
+    """A secret SGLang option on a command line: `cmd[start:stop]` is `FLAG VALUE` or `FLAG=VALUE`."""
+
+    start: int
+    stop: int
+    flag: str
+    value: str
+
+
+def secret_options(cmd: Sequence[str]) -> list[SecretOption]:
+    """The `SECRET_FLAGS` options of `cmd` that have a value. A flag with no value is left for
+    SGLang's own parser to name."""
+    out = []
+    for i, arg in enumerate(cmd):
+        for flag in SECRET_FLAGS:
+            if arg == flag and i + 1 < len(cmd) and not cmd[i + 1].startswith("-"):
+                out.append(SecretOption(i, i + 2, flag, cmd[i + 1]))
+            elif arg.startswith(flag + "=") and len(arg) > len(flag) + 1:
+                out.append(SecretOption(i, i + 1, flag, arg[len(flag) + 1:]))
+    return out
+
+
 def move_api_key_to_config(cmd: Sequence[str], directory: Path) -> list[str]:
-    """`cmd` with its `--api-key KEY` moved into an SGLang `--config` YAML file written in
-    `directory`, readable by its owner only. A command line is world-readable (`ps`,
-    /proc/PID/cmdline); SGLang reads a key from no environment variable, but merges a YAML
-    `--config` into its arguments. A `--config` the user gave is copied into that file (its
-    own `api_key` as well is a ConfigError: one key)."""
+    """`cmd` with its secret options (`--api-key KEY`, `--admin-api-key KEY`, either with `=`)
+    moved into an SGLang `--config` YAML file written in `directory`, readable by its owner
+    only. A command line is world-readable (`ps`, /proc/PID/cmdline); SGLang reads a key from
+    no environment variable, but merges a YAML `--config` into its arguments. A `--config` the
+    user gave is copied into that file (the same key in it as well is a ConfigError: one key)."""
     cmd = list(cmd)
-    i = cmd.index("--api-key") if "--api-key" in cmd else len(cmd)
-    if i + 1 >= len(cmd) or cmd[i + 1].startswith("-"):
-        return cmd  # no key, or a flag with no value: SGLang's own parser names the mistake
-    key, cmd = cmd[i + 1], cmd[:i] + cmd[i + 2:]
+    options = secret_options(cmd)
+    if not options:
+        return cmd
+    flags = [o.flag for o in options]
+    if len(set(flags)) < len(flags):
+        twice = next(f for f in flags if flags.count(f) > 1)
+        raise ConfigError(f"{twice} is given twice: SGLang would use only the last one")
+    dropped = {i for o in options for i in range(o.start, o.stop)}
+    cmd = [arg for i, arg in enumerate(cmd) if i not in dropped]
     settings: dict = {}
     if "--config" in cmd and (j := cmd.index("--config")) + 1 < len(cmd):
         settings = _user_config(Path(cmd[j + 1]))
         cmd = cmd[:j] + cmd[j + 2:]
-    if {"api_key", "api-key"} & set(settings):
-        raise ConfigError("give the API key once: --api-key, or api_key in SGLang's --config file, not both")
-    settings["api-key"] = key  # SGLang turns each YAML key into `--KEY VALUE` verbatim
+    for option in options:
+        name = option.flag[2:]  # SGLang turns each YAML key into `--KEY VALUE` verbatim
+        if {name, name.replace("-", "_")} & set(settings):
+            what = "the API key" if option.flag == "--api-key" else f"the {name.replace('-', ' ')}"
+            raise ConfigError(f"give {what} once: {option.flag}, or {name.replace('-', '_')} in "
+                              f"SGLang's --config file, not both")
+        if option.value.startswith("-"):  # SGLang's --config parser would read it as an option
+            raise ConfigError(f"the value of {option.flag} begins with '-': SGLang cannot take it "
+                              f"from a config file, and a key on its command line is readable by "
+                              f"every local user; choose a key that does not begin with '-'")
+        settings[name] = option.value
     path = Path(directory) / KEY_CONFIG_NAME
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         yaml.safe_dump(settings, f)
     return [*cmd, "--config", str(path)]
+
+
+def secrets_of(cmd: Sequence[str]) -> list[str]:
+    """The secret values SGLang will see: its secret options on `cmd`, and those of a `--config`
+    file of the user's (a file that cannot be read holds none here; SGLang names the problem)."""
+    values = [o.value for o in secret_options(cmd)]
+    if "--config" in cmd and (j := list(cmd).index("--config")) + 1 < len(cmd):
+        try:
+            settings = _user_config(Path(cmd[j + 1]))
+        except ConfigError:
+            settings = {}
+        for flag in SECRET_FLAGS:
+            for name in (flag[2:], flag[2:].replace("-", "_")):
+                if isinstance(settings.get(name), (str, int)):
+                    values.append(str(settings[name]))
+    return values
 
 
 def _user_config(path: Path) -> dict:
@@ -175,14 +231,27 @@ def main(args: argparse.Namespace, extra_argv: Sequence[str], api_keys: Sequence
         raise ConfigError(f"the '{PLUGIN_NAME}' SGLang plugin entry point is not installed in this "
                           f"environment (pyproject [project.entry-points.\"sglang.srt.plugins\"]; "
                           f"reinstall with `pip install -e .`)")
+    secrets = secrets_of(cmd)
     # the key's file lives as long as SGLang: removed with the directory when it exits
     with tempfile.TemporaryDirectory(prefix="topas-sglang-") as private:
-        return _run(move_api_key_to_config(cmd, Path(private)), build_env(config))
+        return _run(move_api_key_to_config(cmd, Path(private)), build_env(config), secrets)
 
 
-def _run(cmd: Sequence[str], env: Mapping[str, str]) -> int:
-    """Run SGLang, forwarding SIGINT/SIGTERM; its exit status."""
-    proc = subprocess.Popen(list(cmd), env=dict(env))
+# How long the output copies may finish after SGLang exits (a child of its that outlives it
+# would keep the pipes open).
+_OUTPUT_DRAIN_S = 5.0
+
+
+def _run(cmd: Sequence[str], env: Mapping[str, str], secrets: Sequence[str] = ()) -> int:
+    """Run SGLang, forwarding SIGINT/SIGTERM; its exit status. With `secrets`, its output goes
+    through pipes to ours with each secret masked (redact.py: SGLang logs its keys)."""
+    piped = subprocess.PIPE if secrets else None
+    env = dict(env)
+    if secrets:  # print() to a pipe is block-buffered: keep SGLang's output as prompt as on a terminal
+        env.setdefault("PYTHONUNBUFFERED", "1")
+    proc = subprocess.Popen(list(cmd), env=env, stdout=piped, stderr=piped)
+    copies = start_copies([(proc.stdout, _binary(sys.stdout)), (proc.stderr, _binary(sys.stderr))],
+                          secrets) if secrets else []
 
     def forward(signum: int, _frame: object) -> None:
         proc.send_signal(signum)
@@ -193,3 +262,10 @@ def _run(cmd: Sequence[str], env: Mapping[str, str]) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        for copy in copies:
+            copy.join(_OUTPUT_DRAIN_S)
+
+
+def _binary(stream):
+    """The byte stream under a text stream (sys.stdout), or the stream itself."""
+    return getattr(stream, "buffer", stream)
