@@ -118,3 +118,4 @@ def test_the_key_is_on_no_command_line(cluster):
     logs = sorted(cluster.log_dir.glob("*.log"))
     assert {p.stem for p in logs} >= {"smg", "replica-1", "replica-2"}
     assert {oct(p.stat().st_mode & 0o777) for p in logs} == {"0o600"}
+    assert not [p.name for p in logs if KEY in p.read_text(errors="replace")]  # nor in what they print
