@@ -111,3 +111,19 @@ def test_a_closed_terminal_drops_output_but_the_pipe_is_drained():
     with open(read_fd, "rb") as src:
         copy_masked(src, sink, SecretMask(["s3cr3t"]))
     assert sink.getvalue() == small.replace(b"s3cr3t", MASK)
+
+
+def test_the_launcher_masks_both_streams_and_returns_the_exit_status(capfd):
+    import sys
+
+    from topas_agents.server.sglang.launch import _run
+
+    child = ("import sys, time; print('server_args={\"api_key\": \"K-42\"}'); "
+             "sys.stderr.write('warn K-'); sys.stderr.flush(); time.sleep(0.2); "
+             "sys.stderr.write('42 admin ADM\\n'); sys.exit(3)")
+    assert _run([sys.executable, "-c", child], dict(os.environ), ["K-42", "ADM"]) == 3
+    out, err = capfd.readouterr()
+    assert out == 'server_args={"api_key": "***"}\n' and err == "warn *** admin ***\n"
+    # without a key nothing is piped: the child writes to our streams itself
+    assert _run([sys.executable, "-c", "print('K-42')"], dict(os.environ)) == 0
+    assert capfd.readouterr().out == "K-42\n"
