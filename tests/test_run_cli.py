@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,30 @@ def test_run_tl_dataset(tmp_path, capsys):
     (task,) = json.loads(capsys.readouterr().out)["tasks"]
     assert task["task_id"] == "tl-sd00" and task["calls"] == 12
     assert task["stages"][0] == "tl1" and task["stages"][-1] == "tl5"
+
+
+def test_without_mmdc_diagrams_are_written_as_sources_with_no_shell_noise(tmp_path, capfd, monkeypatch):
+    # MetaGPT's default renderer spawned a shell per diagram that printed 'no mermaid' to the
+    # terminal (twice per SOP task) when Node's mermaid-cli is not installed
+    monkeypatch.setenv("PATH", os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep)
+                                                if not (Path(d) / "mmdc").exists()))
+    rc = main(["run", "sop", "--prompt", "Create a snake game.", "--root", str(tmp_path / "mg"),
+               "--task-id-prefix", "sop", *FAST])
+    captured = capfd.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    assert "no mermaid" not in captured.err
+    (task,) = json.loads(captured.out)["tasks"]
+    assert sorted(p.parent.name for p in Path(task["artifacts"]).glob("resources/*/*.mmd")) == [
+        "competitive_analysis", "data_api_design", "seq_flow"]  # the diagrams' sources, as before
+    from topas_agents.integrations.metagpt.context import mermaid_config
+
+    assert mermaid_config().engine == "none"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "mmdc").write_text("#!/bin/sh\n")
+    (fake / "mmdc").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    assert mermaid_config().engine == "nodejs"  # installed: MetaGPT renders as it would
 
 
 def test_a_failed_task_against_an_external_server_exits_1(tmp_path, capsys):

@@ -4,7 +4,8 @@ MetaGPT mutates the run's Config (`project_path`) and deletes an existing projec
 of the same name, so every run gets its own Config and a unique project name; the generated
 repository is at `<root>/workspace/<project_name>/`, as with MetaGPT's own CLI (its source
 package is `<that>/<project_name>/`). Streaming is off (MetaGPT's default streams and prints every chunk),
-and cost accounting is off (an unknown model only produces warnings).
+and cost accounting is off (an unknown model only produces warnings). Diagrams are rendered as
+the user's MetaGPT config says, and not at all where its renderer is missing (`mermaid_config`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ require_prepared(__name__)  # before any metagpt import
 # ruff: noqa: E402
 
 import re
+import shutil
 import uuid
 from pathlib import Path
 
 from metagpt.config2 import Config
+from metagpt.config2 import config as global_config
 from metagpt.configs.llm_config import LLMConfig
+from metagpt.configs.mermaid_config import MermaidConfig
 from metagpt.configs.workspace_config import WorkspaceConfig
 from metagpt.context import Context
 
@@ -51,8 +55,20 @@ def metagpt_context(base_url: str, root: str | Path, project_name: str | None = 
     config = Config(llm=llm_config(base_url, model=model, api_key=api_key, max_tokens=max_tokens,
                                    timeout_s=timeout_s),
                     workspace=WorkspaceConfig(path=workspace), project_name=name,
-                    code_review_k_times=code_review_k_times)
+                    code_review_k_times=code_review_k_times, mermaid=mermaid_config())
     return context_cls(config=config)
+
+
+def mermaid_config() -> MermaidConfig:
+    """How a run renders MetaGPT's diagrams: the user's `mermaid` settings (MetaGPT's global
+    config, whose `path` its renderer reads in any case), with engine 'none' where the default
+    engine's `mmdc` (Node's mermaid-cli) is not installed. Without it MetaGPT spawns a shell per
+    diagram that prints 'no mermaid' to the terminal, then logs a warning and renders nothing;
+    the diagrams' `.mmd` sources are written either way."""
+    mermaid = global_config.mermaid.model_copy()
+    if mermaid.engine == "nodejs" and shutil.which(mermaid.path) is None:
+        mermaid.engine = "none"
+    return mermaid
 
 
 def workspace_dir(root: str | Path) -> Path:
