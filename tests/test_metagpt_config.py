@@ -228,5 +228,8 @@ def test_prepare_metagpt_writes_nothing_outside_its_root(tmp_path):
     assert stream == "False"
     # two dependency notices printed on every run, about their own futures (see environment.py)
     assert "Google will stop supporting" not in out.stderr and "No redis installed" not in out.stderr
+    # MetaGPT's import-time INFO line (at log level ERROR), requests' warning about chardet 7
+    assert "PROJECT_ROOT set from environment variable" not in out.stderr
+    assert "doesn't match a supported version" not in out.stderr
     assert _files(cwd) == set() and _files(home) == set()
     assert {"config/config2.yaml", "logs", "workspace"} <= _files(root)

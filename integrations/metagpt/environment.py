@@ -86,6 +86,7 @@ def prepare_metagpt(root: str | Path = DEFAULT_ROOT, *, log_level: str = "WARNIN
     os.environ["METAGPT_PROJECT_ROOT"] = str(root)
     os.environ.setdefault("AGENTOPS_LOGGING_TO_FILE", "False")
     _quiet_dependency_notices()
+    _log_imports_at(log_level)
     from metagpt.logs import define_log_level
 
     define_log_level(print_level=log_level.upper())
@@ -99,6 +100,17 @@ class _DropMessage(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(self.prefix)
+
+
+def _log_imports_at(level: str) -> None:
+    """MetaGPT logs through loguru, whose default sink prints everything; `metagpt.const` logs
+    'PROJECT_ROOT set from environment variable' at INFO when it is imported, before
+    `define_log_level` (which replaces every loguru sink) has run. The same stderr sink at the
+    run's level, set first, hides it at WARNING and shows it at INFO, as MetaGPT's own sink would."""
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level=level.upper())
 
 
 def _quiet_dependency_notices() -> None:
