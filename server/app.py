@@ -184,7 +184,7 @@ def build_app(config: ServerConfig, *, responder: Responder | None = None,
               engine_factory: EngineFactory | None = None) -> FastAPI:
     """The app for `config`. `responder`/`engine_factory` override the configured ones
     (integrations plug in their responder; tests use a fake engine)."""
-    registry = WorkflowRegistry()
+    registry = WorkflowRegistry(config.max_workflows, config.max_workflow_total_bytes)
     for name in config.workflows:
         registry.load(name)
     fits: Callable[[Workflow], None] | None = None  # an engine given by the caller: its own checks
@@ -326,7 +326,7 @@ def _add_topas_routes(app: FastAPI, svc: SimService, fits: Callable[[Workflow], 
         else:
             async with upload_parses:
                 wf = await asyncio.to_thread(_parse_checked_upload, text, fits)
-        new = svc.registry.add(wf, _tenant(request))  # on the loop: registration never races
+        new = svc.registry.add(wf, _tenant(request), len(raw))  # on the loop: registration never races
         return JSONResponse({"name": wf.name, "created": new, "stages": [s.name for s in wf.stages],
                              "agents": {a.name: a.prefix_tokens for a in wf.agents}},
                             status_code=201 if new else 200)

@@ -44,6 +44,11 @@ class ServerConfig:
     # one request cannot exhaust memory or hold the event loop.
     max_body_bytes: int = 16 * 2**20  # completions: 16 MiB of JSON (413 beyond)
     max_workflow_bytes: int = 4 * 2**20  # a 10k-stage workflow is ~1 MiB of YAML
+    # Workflows one API key (or the keyless server) may upload, in number and in bytes of
+    # definition: registered workflows stay for the server's lifetime, and parsed they take
+    # about 4x their text (409 beyond). Real agents register a handful.
+    max_workflows: int = 1024
+    max_workflow_total_bytes: int = 64 * 2**20
     offload_bytes: int = 64 * 2**10  # bodies above this are parsed in a worker thread
     # A responder may echo user text (a [CONTENT] example, say); the text is cut here so one
     # call's token bookkeeping on the engine task stays cheap.
@@ -69,7 +74,8 @@ class ServerConfig:
         for key in self.api_keys:
             check_api_key(key)
         for name in ("max_call_history", "max_task_history", "default_max_tokens", "max_body_bytes",
-                     "max_workflow_bytes", "offload_bytes", "max_response_chars"):
+                     "max_workflow_bytes", "max_workflows", "max_workflow_total_bytes", "offload_bytes",
+                     "max_response_chars"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1")
 

@@ -17,10 +17,19 @@ from .tenancy import Tenant, engine_workflow, qualify
 
 
 class WorkflowRegistry:
-    def __init__(self) -> None:
+    """`max_uploads` / `max_upload_bytes`: how many workflows, and how many bytes of their
+    definitions, one tenant may upload (ServerConfig.max_workflows, max_workflow_total_bytes).
+    A registered workflow is kept for the server's lifetime (tasks may use it), so without a
+    bound a client that uploads distinct definitions grows the server's memory without end (a
+    4 MiB definition holds about 17 MB once parsed)."""
+
+    def __init__(self, max_uploads: int | None = None, max_upload_bytes: int | None = None) -> None:
         self._shared: dict[str, Workflow] = {}  # --workflow at start
         self._own: dict[tuple[str, str], Workflow] = {}  # (tenant, name) -> as uploaded
         self._engine: dict[str, Workflow] = {}  # engine name -> engine copy
+        self._max_uploads = max_uploads
+        self._max_upload_bytes = max_upload_bytes
+        self._uploaded: dict[Tenant, tuple[int, int]] = {}  # tenant -> (workflows, bytes)
 
     @property
     def mapping(self) -> Mapping[str, Workflow]:
@@ -55,21 +64,34 @@ class WorkflowRegistry:
             return sorted(self._engine)
         return sorted({*self._shared, *(n for t, n in self._own if t == tenant)})
 
-    def add(self, wf: Workflow, tenant: Tenant = None) -> bool:
-        """Register `wf` for `tenant`; True if new. Re-registering an identical definition is a
-        no-op; a different definition under a name the tenant sees is a 409 (tasks use it)."""
+    def add(self, wf: Workflow, tenant: Tenant = None, size: int = 0) -> bool:
+        """Register `wf` (uploaded as `size` bytes) for `tenant`; True if new. Re-registering an
+        identical definition is a no-op; a different definition under a name the tenant sees is
+        a 409 (tasks use it), and so is a new one beyond the tenant's upload quota."""
         old = self.get(wf.name, tenant)
         if old is not None:
             if old == wf:
                 return False
             raise ApiError(409, f"workflow '{wf.name}' is already registered with a different definition",
                            "name")
+        self._count_upload(tenant, size)
         if tenant is None:
             self._engine[wf.name] = wf
         else:
             self._own[(tenant, wf.name)] = wf
             self._engine[qualify(tenant, wf.name)] = engine_workflow(tenant, wf)
         return True
+
+    def _count_upload(self, tenant: Tenant, size: int) -> None:
+        count, total = self._uploaded.get(tenant, (0, 0))
+        if self._max_uploads is not None and count + 1 > self._max_uploads:
+            raise ApiError(409, f"this server already holds {count} workflows uploaded with this key, its "
+                                f"limit (max_workflows); workflows are kept while the server runs", "name")
+        if self._max_upload_bytes is not None and total + size > self._max_upload_bytes:
+            raise ApiError(409, f"this workflow ({size} bytes) would take the definitions uploaded with this "
+                                f"key past {self._max_upload_bytes} bytes, this server's limit "
+                                f"(max_workflow_total_bytes); workflows are kept while the server runs", "name")
+        self._uploaded[tenant] = (count + 1, total + size)
 
     def load(self, name_or_path: str) -> Workflow:
         """CLI `--workflow NAME|PATH.yaml`: shared by every tenant (a one-line WorkflowError)."""

@@ -29,6 +29,7 @@ from topas_agents.server.cluster.requests import (
     route_key,
     route_key_header,
 )
+from topas_agents.server.cluster.supervisor import Registration
 from topas_agents.server.config import ServerConfig
 
 MSG = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -159,6 +160,14 @@ def test_a_split_registration_is_a_409_naming_both_sides_and_is_not_recorded(mon
         mode[0] = "ok"
         assert client.post("/v1/topas/workflows", content=b"name: wfb").status_code == 201
         assert len(app.state.front.registrations()) == 1
+        # the same workflow sent again with other spacing or another (ignored) Authorization: the
+        # replicas say "already registered"; the record is one per name, not one per body
+        answers["ok"] = [ReplicaAnswer(u, 200, {"name": "wfb", "created": False}) for u in ("http://r1", "http://r2")]
+        for i in range(5):
+            r = client.post("/v1/topas/workflows", content=b"name:" + b" " * (i + 2) + b"wfb",
+                            headers={"Authorization": f"Bearer any-{i}"})
+            assert r.status_code == 200
+        assert app.state.front.registrations() == [Registration(b"name: wfb", None)]
 
 
 # ------------------------------------------------------------------ 5. done with a silent owner

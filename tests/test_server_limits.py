@@ -235,3 +235,37 @@ def test_yaml_loader_limits_for_the_cli(tmp_path):
     doc["stages"][0]["requests"] = [1, 1_000_000]
     path.write_text(yaml.safe_dump(doc))
     assert main(["bench", "--workload", str(path), "--tasks", "1"]) == 2  # one-line error, exit 2
+
+
+def test_workflow_uploads_are_bounded_per_key_and_identical_ones_are_free(tmp_path):
+    # every registered workflow stays for the server's lifetime: distinct uploads without a bound
+    # grew its memory without end (a 4 MiB definition is about 17 MB parsed)
+    keys = ("k-one", "k-two")
+    cfg = ServerConfig(time_scale=1000.0, workflows=("chain3",), api_keys=keys, max_workflows=2,
+                       max_workflow_total_bytes=600)
+    handle = start_server_in_thread(cfg)
+    try:
+        with httpx.Client(base_url=handle.base_url, timeout=30) as http:
+            one, two = ({"Authorization": f"Bearer {k}"} for k in keys)
+            small = [json.dumps(_chain(2, f"w{i}")) for i in range(3)]
+            for body in small[:2]:
+                assert http.post("/v1/topas/workflows", content=body, headers=one).status_code == 201
+            assert http.post("/v1/topas/workflows", content=small[0], headers=one).status_code == 200  # the same again
+            err = _openai_error(http.post("/v1/topas/workflows", content=small[2], headers=one), 409)
+            assert "already holds 2 workflows uploaded with this key" in err["message"] and err["param"] == "name"
+            # another key has its own quota, in number and in bytes
+            assert http.post("/v1/topas/workflows", content=small[2], headers=two).status_code == 201
+            big = json.dumps(_chain(5, "big"))
+            assert 600 - len(small[2]) < len(big) <= 600
+            err = _openai_error(http.post("/v1/topas/workflows", content=big, headers=two), 409)
+            assert "past 600 bytes" in err["message"]
+            listed = http.get("/v1/topas/workflows", headers=two).json()["workflows"]
+            assert listed == ["chain3", "w2"]  # the refused upload registered nothing
+            ok = http.post("/v1/chat/completions", headers=one, json={
+                "model": "m", "messages": MSG, "max_tokens": 2,
+                "topas": {"task_id": "t1", "stage": "s1", "agent": "a", "workflow": "w1"}})
+            assert ok.status_code == 200  # what was registered still serves
+    finally:
+        handle.stop()
+    with pytest.raises(Exception, match="max_workflows must be >= 1"):
+        ServerConfig(max_workflows=0)

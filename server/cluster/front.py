@@ -74,14 +74,17 @@ class Front:
         self.client: httpx.AsyncClient | None = None
         self.served_model: str | None = None
         # run-time registrations, replayed on a restarted replica (supervisor.py); read from
-        # the supervisor's thread, hence the lock. A dict: insertion order, no duplicates.
-        self._registrations: dict[Registration, None] = {}
+        # the supervisor's thread, hence the lock. One per (workflow name, key): the replicas
+        # hold one definition per name and key, so the record stays as bounded as their
+        # quota; keyed by body it grew by a copy of every re-registration whose text differed
+        # (spacing, key order) though the replicas answered "already registered".
+        self._registrations: dict[tuple[str, str | None], Registration] = {}
         self._lock = threading.Lock()
         self.restart_events: Sequence[RestartEvent] = ()  # the supervisor's list, set by the launcher
 
     def registrations(self) -> list[Registration]:
         with self._lock:
-            return list(self._registrations)
+            return list(self._registrations.values())
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -241,9 +244,12 @@ class Front:
         status, body = pick_registration_answer(await self.fan_out(request, "POST", "/v1/topas/workflows", raw))
         # recorded (replayed on restarted replicas) only when no replica refused it: a split
         # registration is not replayed (docs/cluster.md, "Control plane")
-        if status in (200, 201):
+        name = body.get("name")
+        if status in (200, 201) and isinstance(name, str):
+            # a keyless cluster takes any Authorization: replay without one
+            auth = request.headers.get("authorization") if cluster_api_key(self.config) is not None else None
             with self._lock:
-                self._registrations[Registration(raw, request.headers.get("authorization"))] = None
+                self._registrations.setdefault((name, auth), Registration(raw, auth))
         return JSONResponse(body, status_code=status)
 
     async def done(self, request: Request) -> JSONResponse:
