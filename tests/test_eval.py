@@ -146,3 +146,6 @@ def test_eval_exits_1_when_a_task_fails(tmp_path, capsys):
     captured = capsys.readouterr()
     assert rc == 1 and "1 task(s) failed" in captured.err
     assert captured.out.splitlines()[2].split()[:3] == ["external", "1", "0"]  # policy, tasks, ok
+    # which task and why, without a rerun with --json (it said only "see --json for errors")
+    (line,) = [x for x in captured.err.splitlines() if x.startswith("FAILED ")]
+    assert line.startswith("FAILED external sd00: ") and "JSONDecodeError" in line, line

@@ -91,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
 
         for path in plot_eval(doc, args.plot):
             print(f"plot: {path}", file=sys.stderr)
-    failed = sum(e["summary"]["failed"] for e in doc["policies"].values())
+    failed = [(policy, r) for policy, e in doc["policies"].items() for r in e["results"] if not r["success"]]
+    for policy, r in failed:  # each with its error, as `topas run` says them (the JSON has them too)
+        print(f"FAILED {policy} {r['task_id']}: {r['error']}", file=sys.stderr)
     if failed:
-        print(f"{failed} task(s) failed (see --json for errors)", file=sys.stderr)
+        print(f"{len(failed)} task(s) failed", file=sys.stderr)
     return 1 if failed else 0  # a failed task is a failed evaluation (like `topas run`)
