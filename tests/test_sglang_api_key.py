@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 pytest.importorskip("sglang")
@@ -27,6 +28,7 @@ from sglang_cpu.serving import STARTUP_TIMEOUT_S, Server, engine_args, free_port
 from topas_agents.server.sglang import launch, make_tiny_model  # noqa: E402
 
 KEY = "k-sglang-secret-7f3a"
+ADMIN_KEY = "adm-sglang-secret-91c2"  # SGLang's --admin-api-key, given after `--`
 
 
 def _group_cmdlines(pgid: int) -> dict[int, str]:
@@ -51,7 +53,7 @@ def test_the_key_reaches_sglang_and_no_command_line(tmp_path: Path) -> None:
     shim = launch.write_entry_point_shim(tmp_path / "shim")
     port = free_port()
     cmd = [sys.executable, "-m", "topas_agents.server", "--engine", "sglang", "--policy", "topas",
-           "--port", str(port), "--", *engine_args(model, 3000)]
+           "--port", str(port), "--", *engine_args(model, 3000), f"--admin-api-key={ADMIN_KEY}"]
     env = {**os.environ, **serving_env(shim), "TOPAS_API_KEY": KEY}
     output = tmp_path / "server.log"
     with open(output, "w") as out:
@@ -62,9 +64,12 @@ def test_the_key_reaches_sglang_and_no_command_line(tmp_path: Path) -> None:
         wait_healthy(server, STARTUP_TIMEOUT_S)
         lines = _group_cmdlines(proc.pid)
         assert len(lines) >= 2 and not [line for line in lines.values() if KEY in line], lines
+        # the admin key is on the launcher's own line (typed there), on none of the processes it starts
+        assert not [line for pid, line in lines.items() if pid != proc.pid and ADMIN_KEY in line], lines
         sglang = next(line.split() for line in lines.values() if "sglang.launch_server" in line)
         config = Path(sglang[sglang.index("--config") + 1])
-        assert stat.S_IMODE(config.stat().st_mode) == 0o600 and KEY in config.read_text()
+        assert stat.S_IMODE(config.stat().st_mode) == 0o600
+        assert yaml.safe_load(config.read_text()) == {"api-key": KEY, "admin-api-key": ADMIN_KEY}
 
         base = f"http://127.0.0.1:{port}/v1"
         assert httpx.get(base + "/models", timeout=30).status_code == 401
@@ -83,4 +88,5 @@ def test_the_key_reaches_sglang_and_no_command_line(tmp_path: Path) -> None:
     log = output.read_text(errors="replace")
     # SGLang logs its arguments at start-up (`server_args={... 'api_key': KEY ...}`): the
     # launcher masks the key in its copy of SGLang's output
-    assert "'api_key': '***'" in log and KEY not in log, log[-3000:]
+    assert "'api_key': '***'" in log and "'admin_api_key': '***'" in log, log[-3000:]
+    assert KEY not in log and ADMIN_KEY not in log
