@@ -135,6 +135,7 @@ async def test_qa_runs_generated_code_only_in_the_sandbox(mg, tmp_path, capfd, m
     system_tmp = tmp_path / "system-tmp"  # where tempfile would put anything "temporary"
     system_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-user-secret-5e1d")  # a secret of the user's environment
     wf, results, stats, rec = await _run(mg, tmp_path / "root", "sop", ["Create a snake game."], qa=True)
     (r,) = results
     assert r.success, r.error
@@ -146,6 +147,13 @@ async def test_qa_runs_generated_code_only_in_the_sandbox(mg, tmp_path, capfd, m
     assert list(system_tmp.iterdir()) == []  # nothing in the system temp dir
     assert not (tmp_path / "root" / "sandbox").exists()  # the task's sandbox is gone
     assert "No module named pip" in capfd.readouterr().err  # RunCode's pip installs fail in the sandbox
+    # MetaGPT logs a failed command's environment whole: the sandbox's own, not a copy of the
+    # user's (every QA run printed it, API keys included)
+    from topas_agents.integrations.metagpt.sandbox import SandboxContext
+
+    env = SandboxContext(sandbox_dir=str(tmp_path / "box")).new_environ()
+    assert sorted(env) == ["HOME", "LANG", "PATH", "TMPDIR"] and "sk-user-secret-5e1d" not in str(env)
+    assert env["PATH"].startswith(f"{tmp_path / 'box' / 'bin'}:")
 
 
 async def test_a_failed_qa_task_removes_its_sandbox(mg, tmp_path, monkeypatch):

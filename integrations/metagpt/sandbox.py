@@ -16,6 +16,9 @@ method (a subclass; MetaGPT is not patched): PATH starts with the sandbox's `bin
   given to `make_sandbox` (the generated project) exist; `/tmp` is a private tmpfs. Nothing
   else on the host can be read or written.
 - **network**: none (`--unshare-all`: new network, PID, IPC, UTS and cgroup namespaces).
+- **environment**: none of the caller's. Inside, bubblewrap starts from an empty one (PATH,
+  HOME, TMPDIR, LANG and two pip guards); on the host the shim gets only PATH, HOME, TMPDIR
+  and LANG, which is also all MetaGPT can print when a command fails.
 - **resources**: CPU seconds, address space, file size and open files are capped
   (`SandboxLimits`; `prlimit` in the shim, `setrlimit` in `run_sandboxed`).
 
@@ -246,15 +249,17 @@ def _sandbox_context_class() -> type:
         sandbox_dir: str = ""
 
         def new_environ(self) -> dict[str, str]:
-            env = super().new_environ()
+            """What the shim needs on the host, and nothing of the caller's environment: the
+            shim starts bubblewrap with a cleared environment of its own (`_bwrap_head`), so
+            nothing else would reach the generated code, and MetaGPT logs this dict whole when
+            a command fails, which its `pip install` calls always do here. With a copy of
+            os.environ (MetaGPT's default) every QA run printed the user's environment, API
+            keys included, to the terminal."""
             if not self.sandbox_dir:
                 raise RuntimeError("SandboxContext without sandbox_dir")
             box = Path(self.sandbox_dir)
-            env["PATH"] = f"{box / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-            env["HOME"] = str(box / "home")
-            env["TMPDIR"] = str(box / "tmp")
-            env.pop("PYTHONSTARTUP", None)
-            return env
+            return {"PATH": f"{box / 'bin'}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
+                    "HOME": str(box / "home"), "TMPDIR": str(box / "tmp"), "LANG": "C.UTF-8"}
 
     return SandboxContext
 
