@@ -130,3 +130,32 @@ def test_a_keyed_server_is_calibrated_and_benchmarked_with_its_key(keyed, tmp_pa
     assert load_profile(out).kv_budget_tokens == 20000
     assert main(["bench", "--engine", "sglang", "--model-path", str(tmp_path), "--api-key", "k"]) == 2
     assert "--api-key applies to --server" in capsys.readouterr().err
+
+
+def test_bench_registers_its_workload_and_says_why_tasks_failed(tmp_path, capsys):
+    # a server holding any workflow checks labels against them: after `topas run` had registered
+    # metagpt-sop-noqa there, `topas bench --server --workload chain3` failed every task with a
+    # 400 "unknown workflow", and said only "0/3 tasks" (exit 1)
+    other = tmp_path / "chain3.yaml"  # another workflow under the name chain3, other stage names
+    other.write_text("name: chain3\nagents: [{name: a, prefix_tokens: 64}]\n"
+                     "stages: [{name: only, agent: a, input_tokens: 8, output_tokens: 4}]\n")
+    bench = ["bench", "--workload", "chain3", "--tasks", "2", "--policies", "lpm"]
+    note = "note: the server holds another definition of workflow 'chain3'"
+    cases = ((("metagpt-sop",), [], 0, False),  # registered by the bench, then served
+             (("chain3",), ["--scale", "1"], 0, False),  # the same definition: a repeat, nothing said
+             (("chain3",), [], 0, True),  # the bench's is scaled (0.05 by default): said, then served
+             ((str(other),), [], 1, True))  # said, and why each task failed
+    for workflows, extra, rc, noted in cases:
+        handle = start_server_in_thread(ServerConfig(time_scale=400.0, workflows=workflows))
+        try:
+            assert main([*bench, *extra, "--server", handle.url]) == rc
+        finally:
+            handle.stop()
+        captured = capsys.readouterr()
+        assert (note in captured.err) == noted
+        if rc == 0:
+            assert "2/2 tasks" in captured.out and "failed" not in captured.err
+        else:
+            assert "0/2 tasks" in captured.out
+            assert "server: 1 task(s) failed: RuntimeError: chain3-0/s1#0: HTTP 400" in captured.err
+            assert "workflow 'chain3' has no stage 's1'" in captured.err

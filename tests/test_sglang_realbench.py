@@ -31,6 +31,7 @@ def test_scaled_workflow_is_a_valid_workflow_with_shrunk_sizes() -> None:
     wf = load_workflow("chain3")
     small = parse_workflow(scaled_workflow(wf, 0.05))
     assert small.name == wf.name and small.topo_order == wf.topo_order
+    assert parse_workflow(scaled_workflow(wf, 1.0)) == wf  # unscaled: the same definition (a server takes it as a repeat)
     assert [a.prefix_tokens for a in small.agents] == [205, 205, 205]  # 4096 * 0.05
     assert small.stage("s1").output_tokens.lo == 13 and small.stage("s1").input_tokens.lo == 26
 
@@ -61,6 +62,7 @@ def test_summary_counts_failed_tasks_as_incomplete() -> None:
     done = [TaskResult(f"t{i}", 0.0, float(i + 1), ()) for i in range(3)]
     r = summarize([*done, RuntimeError("HTTP 500")], 4, {"decisions": 7, "preemptions": 1, "errors": 0})
     assert (r.tasks, r.tasks_completed, r.decisions, r.preemptions, r.plugin_errors) == (4, 3, 7, 1, 0)
+    assert r.failures == ("RuntimeError: HTTP 500",)  # said on stderr and in the JSON
     assert r.mean_jct == 2.0 and 2.9 < r.p99_jct <= 3.0
     assert math.isnan(summarize([], 1, None).mean_jct) and summarize([], 1, None).decisions is None
 

@@ -46,6 +46,32 @@ def first_model_id(base_url: str, api_key: str | None = None) -> str:
                           "base URL (it ends in /v1), or --model") from None
 
 
+def register_workload(base_url: str, definition: dict[str, Any], api_key: str | None = None) -> str | None:
+    """Register the bench's workflow (`definition`, a workflow mapping) with the server first: a
+    Topas server that holds any workflow checks every label against them, so the bench's calls
+    were all 400 "unknown workflow" after another client (`topas run`, say) had registered one.
+    None when registered or when the server has no workflow endpoint (plain SGLang/vLLM: it does
+    not check labels; SGLang with the plugin takes workflows at start only); a note for stderr
+    when it holds another definition under the name; ConfigError for any other refusal."""
+    import yaml
+
+    from ..integrations.task import server_root
+
+    name = definition.get("name")
+    url = f"{server_root(base_url)}/v1/topas/workflows"
+    try:
+        r = httpx.post(url, content=yaml.safe_dump(definition, sort_keys=False), headers=auth_headers(api_key),
+                       timeout=30)
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
+    if r.status_code in (200, 201, 404, 405):
+        return None
+    if r.status_code == 409:
+        return (f"the server holds another definition of workflow '{name}': the bench's calls are labelled "
+                f"with that name and scheduled by its definition")
+    raise ConfigError(f"the server refused the bench's workflow '{name}' (HTTP {r.status_code}): {r.text[:300]}")
+
+
 @dataclass(frozen=True, slots=True)
 class Call:
     task_id: str

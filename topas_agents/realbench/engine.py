@@ -65,12 +65,15 @@ def scaled_workflow(wf: Workflow, scale: float) -> dict:
     def r(rng: object) -> list[int]:
         return [max(1, round(rng.lo * scale)), max(1, round(rng.hi * scale))]
 
-    return {"name": wf.name, "description": f"{wf.name} scaled by {scale}",
+    # unscaled, the same definition as `wf` (description, loads and stage order included): a
+    # server that already holds the workflow takes the bench's registration as a repeat
+    return {"name": wf.name, "description": wf.description if scale == 1 else f"{wf.name} scaled by {scale}",
+            **({"loads": list(wf.loads)} if wf.loads else {}),
             "agents": [{"name": a.name, "prefix_tokens": max(0, round(a.prefix_tokens * scale))} for a in wf.agents],
             "stages": [{"name": st.name, "agent": st.agent, "after": list(st.after),
                         "requests": [st.requests.lo, st.requests.hi], "input_tokens": r(st.input_tokens),
                         "output_tokens": r(st.output_tokens), "tool_wait_s": st.tool_wait_s}
-                       for st in (wf.stage(n) for n in wf.topo_order)]}
+                       for st in wf.stages]}
 
 
 def start_sglang(policy: str, model_path: str, wf: Workflow, kv_tokens: int, engine_args: Sequence[str],

@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import math
 import random
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,7 @@ from typing import Any
 from ..costmodel import Profile, load_profile
 from ..errors import ConfigError
 from ..workflow import TaskPlan, Workflow, load_workflow, parse_workflow
-from .client import Call, TaskResult, agent_prompt, first_model_id, run_tasks, words
+from .client import Call, TaskResult, agent_prompt, first_model_id, register_workload, run_tasks, words
 from .engine import LaunchedServer, scaled_workflow, start_sglang
 
 WORDS_PER_TOKEN = 1.0  # prompt words per target token without a tokenizer (a word is >= 1 token)
@@ -49,6 +50,7 @@ class PolicyResult:
     decisions: int | None  # None: the server's decision log is not ours to read
     preemptions: int | None
     plugin_errors: int | None
+    failures: tuple[str, ...] = ()  # why each failed task failed (task order)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -117,8 +119,22 @@ def summarize(results: Sequence[TaskResult | BaseException], n: int, log: dict[s
 
     jcts = [r.jct_s for r in results if isinstance(r, TaskResult)]
     mean = sum(jcts) / len(jcts) if jcts else math.nan
+    failures = tuple(f"{type(r).__name__}: {r}"[:500] for r in results if isinstance(r, BaseException))
     return PolicyResult(mean, percentile(jcts, 99), n, len(jcts),
-                        *((log["decisions"], log["preemptions"], log["errors"]) if log else (None, None, None)))
+                        *((log["decisions"], log["preemptions"], log["errors"]) if log else (None, None, None)),
+                        failures)
+
+
+def report_failures(name: str, result: PolicyResult, shown: int = 3) -> None:
+    """Why tasks failed, on stderr: the distinct reasons (the first `shown`), with their counts.
+    A run that exits 1 must say why (it printed only '0/3 tasks')."""
+    counts: dict[str, int] = {}
+    for reason in result.failures:
+        counts[reason] = counts.get(reason, 0) + 1
+    for reason, count in list(counts.items())[:shown]:
+        print(f"{name}: {count} task(s) failed: {reason}", file=sys.stderr)
+    if len(counts) > shown:
+        print(f"{name}: {len(counts) - shown} more distinct failure(s) (--json lists every one)", file=sys.stderr)
 
 
 def run_once(base_url: str, model: str, args: argparse.Namespace, tasks: list[TaskPlan],
@@ -144,7 +160,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         from ..server.sglang.config import require_sglang
 
         require_sglang()  # before any trace is built or server started (ConfigError: exit 2)
-    wf = parse_workflow(scaled_workflow(load_workflow(args.workload), args.scale))
+    definition = scaled_workflow(load_workflow(args.workload), args.scale)
+    wf = parse_workflow(definition)
     tasks = sample_tasks(wf, args.tasks, args.rate, args.seed)
     wpt = tokens_per_word_ratio(args.model_path, args.words_per_token)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -156,6 +173,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         url = args.server.rstrip("/")
         key = getattr(args, "api_key", None)
         first = first_model_id(url, key)  # reachable, and takes the key, before anything else runs
+        if (note := register_workload(url, definition, key)) is not None:
+            print(f"note: {note}", file=sys.stderr)
         profile = profile or (_calibrate(url, first, args.kv_tokens, measured, key) if args.sim else None)
         results = run_once(url, args.model or first, args, tasks, wpt, key)
         out["server"] = summarize(results, args.tasks, None)
@@ -179,6 +198,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(f"{name:>8}: mean JCT {r.mean_jct:.3f} s, p99 {r.p99_jct:.3f} s, "
               f"{r.tasks_completed}/{r.tasks} tasks, decisions {r.decisions}, preemptions {r.preemptions}, "
               f"plugin errors {r.plugin_errors}")
+        report_failures(name, r)
     if args.sim and profile is not None:
         doc.update(_sim_and_fidelity(tasks, policies, profile, args.kv_tokens, real_jcts))
         if measured:
@@ -251,7 +271,7 @@ def simulate_policies(tasks: list[TaskPlan], policies: Sequence[str], profile: P
 
 
 def _as_dict(r: PolicyResult) -> dict[str, Any]:
-    return {f: getattr(r, f) for f in PolicyResult.__slots__}
+    return {f: list(v) if isinstance(v := getattr(r, f), tuple) else v for f in PolicyResult.__slots__}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
