@@ -157,5 +157,6 @@ def test_bench_registers_its_workload_and_says_why_tasks_failed(tmp_path, capsys
             assert "2/2 tasks" in captured.out and "failed" not in captured.err
         else:
             assert "0/2 tasks" in captured.out
-            assert "server: 1 task(s) failed: RuntimeError: chain3-0/s1#0: HTTP 400" in captured.err
+            # one line per distinct reason, with its count and the first failing call
+            assert "server: 2 task(s) failed (first: chain3-0/s1#0): HTTP 400" in captured.err
             assert "workflow 'chain3' has no stage 's1'" in captured.err

@@ -23,7 +23,7 @@ from topas_agents.costmodel import load_profile
 from topas_agents.realbench.client import TaskResult, chat_body
 from topas_agents.realbench.engine import scaled_workflow
 from topas_agents.realbench.fidelity import fidelity, task_errors
-from topas_agents.realbench.runner import build_calls, sample_tasks, simulate_policies, summarize
+from topas_agents.realbench.runner import Failure, build_calls, sample_tasks, simulate_policies, summarize
 from topas_agents.workflow import load_workflow, parse_workflow
 
 
@@ -62,7 +62,7 @@ def test_summary_counts_failed_tasks_as_incomplete() -> None:
     done = [TaskResult(f"t{i}", 0.0, float(i + 1), ()) for i in range(3)]
     r = summarize([*done, RuntimeError("HTTP 500")], 4, {"decisions": 7, "preemptions": 1, "errors": 0})
     assert (r.tasks, r.tasks_completed, r.decisions, r.preemptions, r.plugin_errors) == (4, 3, 7, 1, 0)
-    assert r.failures == ("RuntimeError: HTTP 500",)  # said on stderr and in the JSON
+    assert r.failures == (Failure(None, "RuntimeError: HTTP 500"),)  # said on stderr and in the JSON
     assert r.mean_jct == 2.0 and 2.9 < r.p99_jct <= 3.0
     assert math.isnan(summarize([], 1, None).mean_jct) and summarize([], 1, None).decisions is None
 

@@ -46,6 +46,15 @@ def first_model_id(base_url: str, api_key: str | None = None) -> str:
                           "base URL (it ends in /v1), or --model") from None
 
 
+class CallFailed(RuntimeError):
+    """A bench call the server answered with an error: which call (`task/stage#round`), and why."""
+
+    def __init__(self, call: str, reason: str) -> None:
+        super().__init__(f"{call}: {reason}")
+        self.call = call
+        self.reason = reason
+
+
 def register_workload(base_url: str, definition: dict[str, Any], api_key: str | None = None) -> str | None:
     """Register the bench's workflow (`definition`, a workflow mapping) with the server first: a
     Topas server that holds any workflow checks every label against them, so the bench's calls
@@ -146,7 +155,7 @@ async def chat(client: httpx.AsyncClient, base_url: str, model: str, call: Call,
     start = time.monotonic() - t0
     resp = await client.post(f"{base_url}/chat/completions", json=chat_body(model, call))
     if resp.status_code != 200:
-        raise RuntimeError(f"{call.task_id}/{call.stage}#{call.round}: HTTP {resp.status_code}: {resp.text[:300]}")
+        raise CallFailed(f"{call.task_id}/{call.stage}#{call.round}", f"HTTP {resp.status_code}: {resp.text[:300]}")
     usage = resp.json().get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
     return CallResult(call.task_id, call.stage, call.round, start, time.monotonic() - t0,

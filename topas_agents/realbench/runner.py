@@ -30,12 +30,21 @@ import random
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..costmodel import Profile, load_profile
 from ..errors import ConfigError
 from ..workflow import TaskPlan, Workflow, load_workflow, parse_workflow
-from .client import Call, TaskResult, agent_prompt, first_model_id, register_workload, run_tasks, words
+from .client import (
+    Call,
+    CallFailed,
+    TaskResult,
+    agent_prompt,
+    first_model_id,
+    register_workload,
+    run_tasks,
+    words,
+)
 from .engine import LaunchedServer, scaled_workflow, start_sglang
 
 WORDS_PER_TOKEN = 1.0  # prompt words per target token without a tokenizer (a word is >= 1 token)
@@ -50,7 +59,14 @@ class PolicyResult:
     decisions: int | None  # None: the server's decision log is not ours to read
     preemptions: int | None
     plugin_errors: int | None
-    failures: tuple[str, ...] = ()  # why each failed task failed (task order)
+    failures: tuple[Failure, ...] = ()  # why each failed task failed (task order)
+
+
+class Failure(NamedTuple):
+    """A failed task: its failing call (`task/stage#round`; None when no call answered) and why."""
+
+    call: str | None
+    reason: str
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -119,7 +135,8 @@ def summarize(results: Sequence[TaskResult | BaseException], n: int, log: dict[s
 
     jcts = [r.jct_s for r in results if isinstance(r, TaskResult)]
     mean = sum(jcts) / len(jcts) if jcts else math.nan
-    failures = tuple(f"{type(r).__name__}: {r}"[:500] for r in results if isinstance(r, BaseException))
+    failures = tuple(Failure(r.call, r.reason) if isinstance(r, CallFailed) else Failure(None, f"{type(r).__name__}: {r}"[:500])
+                     for r in results if isinstance(r, BaseException))
     return PolicyResult(mean, percentile(jcts, 99), n, len(jcts),
                         *((log["decisions"], log["preemptions"], log["errors"]) if log else (None, None, None)),
                         failures)
@@ -128,13 +145,14 @@ def summarize(results: Sequence[TaskResult | BaseException], n: int, log: dict[s
 def report_failures(name: str, result: PolicyResult, shown: int = 3) -> None:
     """Why tasks failed, on stderr: the distinct reasons (the first `shown`), with their counts.
     A run that exits 1 must say why (it printed only '0/3 tasks')."""
-    counts: dict[str, int] = {}
-    for reason in result.failures:
-        counts[reason] = counts.get(reason, 0) + 1
-    for reason, count in list(counts.items())[:shown]:
-        print(f"{name}: {count} task(s) failed: {reason}", file=sys.stderr)
-    if len(counts) > shown:
-        print(f"{name}: {len(counts) - shown} more distinct failure(s) (--json lists every one)", file=sys.stderr)
+    by_reason: dict[str, list[str | None]] = {}
+    for failure in result.failures:
+        by_reason.setdefault(failure.reason, []).append(failure.call)
+    for reason, calls in list(by_reason.items())[:shown]:
+        where = f" (first: {calls[0]})" if calls[0] is not None else ""
+        print(f"{name}: {len(calls)} task(s) failed{where}: {reason}", file=sys.stderr)
+    if len(by_reason) > shown:
+        print(f"{name}: {len(by_reason) - shown} more distinct failure(s) (--json lists every one)", file=sys.stderr)
 
 
 def run_once(base_url: str, model: str, args: argparse.Namespace, tasks: list[TaskPlan],
@@ -271,7 +289,9 @@ def simulate_policies(tasks: list[TaskPlan], policies: Sequence[str], profile: P
 
 
 def _as_dict(r: PolicyResult) -> dict[str, Any]:
-    return {f: list(v) if isinstance(v := getattr(r, f), tuple) else v for f in PolicyResult.__slots__}
+    doc = {f: getattr(r, f) for f in PolicyResult.__slots__}
+    doc["failures"] = [f._asdict() for f in r.failures]
+    return doc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
