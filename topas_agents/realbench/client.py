@@ -60,7 +60,8 @@ def register_workload(base_url: str, definition: dict[str, Any], api_key: str | 
     Topas server that holds any workflow checks every label against them, so the bench's calls
     were all 400 "unknown workflow" after another client (`topas run`, say) had registered one.
     None when registered or when the server has no workflow endpoint (plain SGLang/vLLM: it does
-    not check labels; SGLang with the plugin takes workflows at start only); a note for stderr
+    not check labels; SGLang with the plugin, alone or behind `topas serve --replicas`, takes
+    workflows at start only); a note for stderr
     when it holds another definition under the name; ConfigError for any other refusal."""
     import yaml
 
@@ -73,7 +74,7 @@ def register_workload(base_url: str, definition: dict[str, Any], api_key: str | 
                        timeout=30)
     except httpx.HTTPError as exc:
         raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
-    if r.status_code in (200, 201, 404, 405):
+    if r.status_code in (200, 201, 404, 405, 501):  # 501: a cluster front over SGLang replicas
         return None
     if r.status_code == 409:
         return (f"the server holds another definition of workflow '{name}': the bench's calls are labelled "
