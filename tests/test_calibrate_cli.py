@@ -160,3 +160,21 @@ def test_bench_registers_its_workload_and_says_why_tasks_failed(tmp_path, capsys
             # one line per distinct reason, with its count and the first failing call
             assert "server: 2 task(s) failed (first: chain3-0/s1#0): HTTP 400" in captured.err
             assert "workflow 'chain3' has no stage 's1'" in captured.err
+
+
+@pytest.mark.parametrize("status, outcome", [(201, None), (200, None), (404, None), (405, None), (501, None),
+                                             (409, "another definition"), (400, "refused"), (500, "refused")])
+def test_registering_the_workload_by_answer(monkeypatch, status, outcome):
+    # 404/405: plain SGLang or vLLM; 501: a cluster front over SGLang replicas (workflows at start)
+    from topas_agents.errors import ConfigError
+    from topas_agents.realbench import client
+
+    monkeypatch.setattr(client.httpx, "post", lambda url, **kw: httpx.Response(status, text="no"))
+    definition = {"name": "chain3"}
+    if outcome == "refused":
+        with pytest.raises(ConfigError, match=f"refused the bench's workflow 'chain3' \\(HTTP {status}\\)"):
+            client.register_workload("http://127.0.0.1:9/v1", definition)
+    elif outcome is None:
+        assert client.register_workload("http://127.0.0.1:9/v1", definition) is None
+    else:
+        assert outcome in client.register_workload("http://127.0.0.1:9/v1", definition)
