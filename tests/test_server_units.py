@@ -336,3 +336,23 @@ def test_echo_of_a_giant_word_is_bounded():
 
     ctx = ResponseContext("chat", (), "x" * 10**6 + " tail", "t", "s", "a", 0, False, None)
     assert len(summary_rule(ctx)) < 100
+
+
+def test_the_sop_without_qa_loads_by_name_where_servers_take_workflows_at_start(tmp_path):
+    # `topas run sop` labels its calls metagpt-sop-noqa; SGLang (plugin) takes workflows at start
+    # only, by name or path, and that name was unknown there: every call was a 400 unknown workflow
+    from topas_agents.server import ServerConfig, start_server_in_thread
+    from topas_agents.workflow import builtin_workflows, load_workflow
+
+    noqa, sop = load_workflow("metagpt-sop-noqa"), load_workflow("metagpt-sop")
+    assert [s.name for s in noqa.stages] == [s.name for s in sop.stages if s.name != "qa"]
+    assert {a.name for a in noqa.agents} == {a.name for a in sop.agents} - {"qa_engineer"}
+    assert all(noqa.stage(s.name) == s for s in sop.stages if s.name != "qa")
+    assert "metagpt-sop-noqa" not in builtin_workflows()  # not a workload of its own
+    handle = start_server_in_thread(ServerConfig(time_scale=1000.0, workflows=("metagpt-sop-noqa",)))
+    try:
+        import httpx
+
+        assert httpx.get(f"{handle.base_url}/v1/topas/workflows").json()["workflows"] == ["metagpt-sop-noqa"]
+    finally:
+        handle.stop()

@@ -34,7 +34,7 @@ from .workflow_parse import (
 )
 
 __all__ = [
-    "DEFAULT_LIMITS", "AgentSpec", "IntRange", "RoundPlan", "StageSpec", "TaskPlan", "Workflow", "WorkflowLimits",
+    "DEFAULT_LIMITS", "DERIVED_WORKFLOWS", "AgentSpec", "IntRange", "RoundPlan", "StageSpec", "TaskPlan", "Workflow", "WorkflowLimits",
     "builtin_workflow_dir", "builtin_workflows", "load_workflow", "load_yaml_data", "parse_workflow",
     "sample_task", "yaml_error_detail",
 ]
@@ -50,13 +50,38 @@ def builtin_workflows() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in builtin_workflow_dir().glob("*.yaml")))
 
 
+# Built-ins derived from another by dropping stages: name -> (base, stages dropped). MetaGPT's
+# SOP without its QA stage is how `topas run sop` runs by default (QA runs generated code); its
+# calls are labelled with this name, so a server that takes workflows at start only (SGLang with
+# the plugin) must be able to load it by name. Not a workload of its own (not listed).
+DERIVED_WORKFLOWS: Mapping[str, tuple[str, tuple[str, ...]]] = {"metagpt-sop-noqa": ("metagpt-sop", ("qa",))}
+
+
+def _derived(name: str) -> Workflow:
+    base_name, dropped = DERIVED_WORKFLOWS[name]
+    base = load_workflow(base_name)
+    stages = tuple(s for s in base.stages if s.name not in dropped)
+    agents = tuple(a for a in base.agents if any(s.agent == a.name for s in stages))
+    return parse_workflow({
+        "name": name, "description": f"{base.description} (without: {', '.join(dropped)})",
+        **({"loads": list(base.loads)} if base.loads else {}),
+        "agents": [{"name": a.name, "prefix_tokens": a.prefix_tokens} for a in agents],
+        "stages": [{"name": s.name, "agent": s.agent, "after": [d for d in s.after if d not in dropped],
+                    "requests": [s.requests.lo, s.requests.hi], "input_tokens": [s.input_tokens.lo, s.input_tokens.hi],
+                    "output_tokens": [s.output_tokens.lo, s.output_tokens.hi], "tool_wait_s": s.tool_wait_s}
+                   for s in stages]}, f"built-in {name}")
+
+
 def load_workflow(name_or_path: str | Path) -> Workflow:
-    """Load a built-in workflow by name (`chain3`) or a YAML file by path."""
+    """Load a built-in workflow by name (`chain3`, or a derived one: DERIVED_WORKFLOWS) or a
+    YAML file by path."""
+    if isinstance(name_or_path, str) and name_or_path in DERIVED_WORKFLOWS:
+        return _derived(name_or_path)
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         path = builtin_workflow_dir() / f"{name_or_path}.yaml"
         if not path.exists():
-            known = ", ".join(builtin_workflows())
+            known = ", ".join([*builtin_workflows(), *DERIVED_WORKFLOWS])
             raise WorkflowError(f"unknown workflow '{name_or_path}' (built-in: {known}; or give a .yaml path)")
     if not path.exists():
         raise WorkflowError(f"workflow file not found: {path}")

@@ -120,13 +120,9 @@ class TaskResult:
 def label_workflow(kind: WorkflowKind, qa: bool = False) -> Workflow:
     """The workflow tasks are labelled with: metagpt-tl, metagpt-sop (with QA) or
     metagpt-sop-noqa (the built-in SOP without its QA stage, as run by default)."""
-    wf = load_workflow(WORKFLOWS[kind])
-    if kind != "sop" or qa:
-        return wf
-    stages = tuple(s for s in wf.stages if s.name != "qa")
-    agents = tuple(a for a in wf.agents if any(s.agent == a.name for s in stages))
-    return dataclasses.replace(wf, name=f"{wf.name}-noqa", stages=stages, agents=agents,
-                               description=f"{wf.description} (no QA stage)")
+    if kind == "sop" and not qa:
+        return load_workflow("metagpt-sop-noqa")  # a derived built-in: SGLang can load it by name
+    return load_workflow(WORKFLOWS[kind])
 
 
 def stage_map(wf: Workflow) -> StageMap:

@@ -63,6 +63,10 @@ def register_workflow(base_url: str, wf: Workflow, api_key: str | None = None) -
     except httpx.HTTPError as exc:
         log.warning("could not register workflow %s at %s: %s", wf.name, url, exc)
         return False
+    if rsp.status_code in (404, 405, 501):  # SGLang with the plugin (alone or behind a cluster front)
+        log.warning("the server takes no workflow uploads (HTTP %s): if it checks labels (SGLang with "
+                    "the Topas plugin), start it with --workflow %s", rsp.status_code, wf.name)
+        return False
     if rsp.status_code >= 400:
         log.warning("server refused workflow %s (%s): %s", wf.name, rsp.status_code, rsp.text[:300])
         return False
