@@ -115,8 +115,7 @@ def test_any_text_is_data_or_a_one_line_error(text):
 
 
 def test_yaml_dump_round_trip_of_a_builtin():
-    from topas_agents.integrations.metagpt.server_api import workflow_mapping
-    from topas_agents.workflow import load_workflow
+    from topas_agents.workflow import load_workflow, workflow_mapping
 
     wf = load_workflow("metagpt-sop")
     assert parse_workflow(load_yaml_data(yaml.safe_dump(workflow_mapping(wf)))) == wf

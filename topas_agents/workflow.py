@@ -22,6 +22,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError, WorkflowError
 from .workflow_model import AgentSpec, IntRange, StageSpec, Workflow
@@ -36,7 +37,7 @@ from .workflow_parse import (
 __all__ = [
     "DEFAULT_LIMITS", "DERIVED_WORKFLOWS", "AgentSpec", "IntRange", "RoundPlan", "StageSpec", "TaskPlan", "Workflow", "WorkflowLimits",
     "builtin_workflow_dir", "builtin_workflows", "load_workflow", "load_yaml_data", "parse_workflow",
-    "sample_task", "yaml_error_detail",
+    "sample_task", "workflow_mapping", "yaml_error_detail",
 ]
 
 
@@ -50,6 +51,23 @@ def builtin_workflows() -> tuple[str, ...]:
     return tuple(sorted(p.stem for p in builtin_workflow_dir().glob("*.yaml")))
 
 
+def workflow_mapping(wf: Workflow) -> dict[str, Any]:
+    """The YAML mapping of `wf`, the inverse of `parse_workflow` (uploads, derived built-ins)."""
+
+    def rng(r: IntRange) -> int | list[int]:
+        return r.lo if r.lo == r.hi else [r.lo, r.hi]
+
+    return {
+        "name": wf.name,
+        "description": wf.description,
+        "loads": list(wf.loads),
+        "agents": [{"name": a.name, "prefix_tokens": a.prefix_tokens} for a in wf.agents],
+        "stages": [{"name": s.name, "agent": s.agent, "after": list(s.after), "requests": rng(s.requests),
+                    "input_tokens": rng(s.input_tokens), "output_tokens": rng(s.output_tokens),
+                    "tool_wait_s": s.tool_wait_s} for s in wf.stages],
+    }
+
+
 # Built-ins derived from another by dropping stages: name -> (base, stages dropped). MetaGPT's
 # SOP without its QA stage is how `topas run sop` runs by default (QA runs generated code); its
 # calls are labelled with this name, so a server that takes workflows at start only (SGLang with
@@ -59,17 +77,13 @@ DERIVED_WORKFLOWS: Mapping[str, tuple[str, tuple[str, ...]]] = {"metagpt-sop-noq
 
 def _derived(name: str) -> Workflow:
     base_name, dropped = DERIVED_WORKFLOWS[name]
-    base = load_workflow(base_name)
-    stages = tuple(s for s in base.stages if s.name not in dropped)
-    agents = tuple(a for a in base.agents if any(s.agent == a.name for s in stages))
-    return parse_workflow({
-        "name": name, "description": f"{base.description} (without: {', '.join(dropped)})",
-        **({"loads": list(base.loads)} if base.loads else {}),
-        "agents": [{"name": a.name, "prefix_tokens": a.prefix_tokens} for a in agents],
-        "stages": [{"name": s.name, "agent": s.agent, "after": [d for d in s.after if d not in dropped],
-                    "requests": [s.requests.lo, s.requests.hi], "input_tokens": [s.input_tokens.lo, s.input_tokens.hi],
-                    "output_tokens": [s.output_tokens.lo, s.output_tokens.hi], "tool_wait_s": s.tool_wait_s}
-                   for s in stages]}, f"built-in {name}")
+    data = workflow_mapping(load_workflow(base_name))
+    stages = [{**s, "after": [d for d in s["after"] if d not in dropped]}
+              for s in data["stages"] if s["name"] not in dropped]
+    used = {s["agent"] for s in stages}
+    data.update(name=name, description=f"{data['description']} (without: {', '.join(dropped)})", stages=stages,
+                agents=[a for a in data["agents"] if a["name"] in used])
+    return parse_workflow(data, f"built-in {name}")
 
 
 def load_workflow(name_or_path: str | Path) -> Workflow:

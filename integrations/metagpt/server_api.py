@@ -18,7 +18,7 @@ import yaml
 
 from topas_agents.errors import ConfigError
 from topas_agents.integrations.task import auth_headers, refused_key_message, server_root
-from topas_agents.workflow import Workflow
+from topas_agents.workflow import Workflow, workflow_mapping
 
 log = logging.getLogger("topas.metagpt")
 TIMEOUT_S = 10.0
@@ -35,23 +35,6 @@ def probe_server(base_url: str, api_key: str | None = None, timeout_s: float = P
         raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
     if rsp.status_code in (401, 403):
         raise ConfigError(refused_key_message(base_url, api_key, rsp.status_code))
-
-
-def workflow_mapping(wf: Workflow) -> dict[str, Any]:
-    """The YAML mapping of `wf` (inverse of `parse_workflow`)."""
-
-    def rng(r: Any) -> int | list[int]:
-        return r.lo if r.lo == r.hi else [r.lo, r.hi]
-
-    return {
-        "name": wf.name,
-        "description": wf.description,
-        "loads": list(wf.loads),
-        "agents": [{"name": a.name, "prefix_tokens": a.prefix_tokens} for a in wf.agents],
-        "stages": [{"name": s.name, "agent": s.agent, "after": list(s.after), "requests": rng(s.requests),
-                    "input_tokens": rng(s.input_tokens), "output_tokens": rng(s.output_tokens),
-                    "tool_wait_s": s.tool_wait_s} for s in wf.stages],
-    }
 
 
 def register_workflow(base_url: str, wf: Workflow, api_key: str | None = None) -> bool:

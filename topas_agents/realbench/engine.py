@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from ..workflow import Workflow
+from ..workflow import Workflow, workflow_mapping
 
 STARTUP_TIMEOUT_S = 600.0  # 25-120 s measured on 2 shared CPU cores; a GPU start includes graphs
 
@@ -62,18 +62,20 @@ class LaunchedServer:
 
 
 def scaled_workflow(wf: Workflow, scale: float) -> dict:
-    def r(rng: object) -> list[int]:
-        return [max(1, round(rng.lo * scale)), max(1, round(rng.hi * scale))]
+    """`wf`'s mapping with prefix, input and output sizes times `scale` (at least 1 token each;
+    prefixes at least 0). Unscaled it is `wf`'s own definition, so a server that already holds
+    the workflow takes the bench's registration as a repeat."""
+    def scaled(value: int | list[int]) -> list[int]:
+        lo, hi = (value, value) if isinstance(value, int) else value
+        return [max(1, round(lo * scale)), max(1, round(hi * scale))]
 
-    # unscaled, the same definition as `wf` (description, loads and stage order included): a
-    # server that already holds the workflow takes the bench's registration as a repeat
-    return {"name": wf.name, "description": wf.description if scale == 1 else f"{wf.name} scaled by {scale}",
-            **({"loads": list(wf.loads)} if wf.loads else {}),
-            "agents": [{"name": a.name, "prefix_tokens": max(0, round(a.prefix_tokens * scale))} for a in wf.agents],
-            "stages": [{"name": st.name, "agent": st.agent, "after": list(st.after),
-                        "requests": [st.requests.lo, st.requests.hi], "input_tokens": r(st.input_tokens),
-                        "output_tokens": r(st.output_tokens), "tool_wait_s": st.tool_wait_s}
-                       for st in wf.stages]}
+    data = workflow_mapping(wf)
+    if scale == 1:
+        return data
+    return {**data, "description": f"{wf.name} scaled by {scale}",
+            "agents": [{**a, "prefix_tokens": max(0, round(a["prefix_tokens"] * scale))} for a in data["agents"]],
+            "stages": [{**st, "input_tokens": scaled(st["input_tokens"]), "output_tokens": scaled(st["output_tokens"])}
+                       for st in data["stages"]]}
 
 
 def start_sglang(policy: str, model_path: str, wf: Workflow, kv_tokens: int, engine_args: Sequence[str],
