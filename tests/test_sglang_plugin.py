@@ -179,8 +179,8 @@ def test_launcher_main_runs_sglang_and_restores_signals(monkeypatch: Any, tmp_pa
     seen: dict[str, Any] = {}
 
     class FakePopen:
-        def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
-            seen.update(cmd=cmd, env=env)
+        def __init__(self, cmd: list[str], env: dict[str, str], stdout: Any = None, stderr: Any = None) -> None:
+            seen.update(cmd=cmd, env=env, piped=(stdout, stderr))
 
         def wait(self) -> int:
             seen["handler"] = signal.getsignal(signal.SIGTERM)  # forwarding while SGLang runs
@@ -191,6 +191,7 @@ def test_launcher_main_runs_sglang_and_restores_signals(monkeypatch: Any, tmp_pa
     before = signal.getsignal(signal.SIGTERM)
     assert launch.main(serve_args(policy="fcfs"), ["--", "--model-path", str(tmp_path)]) == 3
     assert seen["env"][ENV["policy"]] == "fcfs" and "sglang.launch_server" in seen["cmd"]
+    assert seen["piped"] == (None, None)  # no key: SGLang writes to our streams itself
     assert seen["handler"] is not before and signal.getsignal(signal.SIGTERM) is before
     monkeypatch.setattr(launch, "plugin_installed", lambda: False)
     with pytest.raises(ConfigError, match="entry point is not installed"):
