@@ -127,3 +127,13 @@ def test_the_launcher_masks_both_streams_and_returns_the_exit_status(capfd):
     # without a key nothing is piped: the child writes to our streams itself
     assert _run([sys.executable, "-c", "print('K-42')"], dict(os.environ)) == 0
     assert capfd.readouterr().out == "K-42\n"
+
+
+def test_no_stream_to_write_to_still_drains():
+    read_fd, write_fd = os.pipe()
+    with open(read_fd, "rb") as src:
+        [thread] = start_copies([(src, None)], ["k"])
+        with open(write_fd, "wb") as w:
+            w.write(b"y" * 200_000)  # more than a pipe holds
+        thread.join(10)
+        assert not thread.is_alive()

@@ -71,7 +71,7 @@ def copy_masked(src: BinaryIO, dst: BinaryIO, mask: SecretMask) -> None:
             try:
                 dst.write(data)
                 dst.flush()
-            except (OSError, ValueError):
+            except (OSError, ValueError, AttributeError):  # closed, or no stream at all (None)
                 writable = False
         if not chunk:
             return
