@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -62,6 +63,19 @@ def refused_key_message(base_url: str, api_key: str | None, status: int) -> str:
     or a call that sent none (the commands take --api-key or TOPAS_API_KEY)."""
     what = "the API key" if api_key else "a call without an API key (give --api-key KEY or set TOPAS_API_KEY)"
     return f"the server at {base_url} refused {what} (HTTP {status})"
+
+
+# Answers to a workflow upload from a server that takes none: plain SGLang/vLLM (404/405),
+# SGLang with the plugin (404: workflows at start only), a cluster front over SGLang replicas (501).
+NO_WORKFLOW_UPLOADS = frozenset({404, 405, 501})
+
+
+def post_workflow(base_url: str, definition: Mapping[str, Any], api_key: str | None, timeout_s: float) -> httpx.Response:
+    """POST a workflow mapping (YAML) to the server's /v1/topas/workflows; httpx errors propagate."""
+    import yaml
+
+    return httpx.post(f"{server_root(base_url)}/v1/topas/workflows", content=yaml.safe_dump(dict(definition), sort_keys=False),
+                      headers=auth_headers(api_key), timeout=timeout_s)
 
 
 def done_url(base_url: str, task_id: str) -> str:

@@ -14,10 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import yaml
 
 from topas_agents.errors import ConfigError
-from topas_agents.integrations.task import auth_headers, refused_key_message, server_root
+from topas_agents.integrations.task import (
+    NO_WORKFLOW_UPLOADS,
+    auth_headers,
+    post_workflow,
+    refused_key_message,
+    server_root,
+)
 from topas_agents.workflow import Workflow, workflow_mapping
 
 log = logging.getLogger("topas.metagpt")
@@ -39,14 +44,12 @@ def probe_server(base_url: str, api_key: str | None = None, timeout_s: float = P
 
 def register_workflow(base_url: str, wf: Workflow, api_key: str | None = None) -> bool:
     """POST the workflow to the server; False (with a warning) if the server cannot."""
-    url = f"{server_root(base_url)}/v1/topas/workflows"
     try:
-        rsp = httpx.post(url, content=yaml.safe_dump(workflow_mapping(wf), sort_keys=False), timeout=TIMEOUT_S,
-                         headers=auth_headers(api_key))
+        rsp = post_workflow(base_url, workflow_mapping(wf), api_key, TIMEOUT_S)
     except httpx.HTTPError as exc:
-        log.warning("could not register workflow %s at %s: %s", wf.name, url, exc)
+        log.warning("could not register workflow %s at %s: %s", wf.name, server_root(base_url), exc)
         return False
-    if rsp.status_code in (404, 405, 501):  # SGLang with the plugin (alone or behind a cluster front)
+    if rsp.status_code in NO_WORKFLOW_UPLOADS:
         log.warning("the server takes no workflow uploads (HTTP %s): if it checks labels (SGLang with "
                     "the Topas plugin), start it with --workflow %s", rsp.status_code, wf.name)
         return False

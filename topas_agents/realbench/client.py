@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from ..errors import ConfigError
-from ..integrations.task import auth_headers, refused_key_message
+from ..integrations.task import NO_WORKFLOW_UPLOADS, auth_headers, post_workflow, refused_key_message
 from ..labels import Label
 from ..workflow import Workflow
 
@@ -63,18 +63,12 @@ def register_workload(base_url: str, definition: dict[str, Any], api_key: str | 
     not check labels; SGLang with the plugin, alone or behind `topas serve --replicas`, takes
     workflows at start only); a note for stderr
     when it holds another definition under the name; ConfigError for any other refusal."""
-    import yaml
-
-    from ..integrations.task import server_root
-
     name = definition.get("name")
-    url = f"{server_root(base_url)}/v1/topas/workflows"
     try:
-        r = httpx.post(url, content=yaml.safe_dump(definition, sort_keys=False), headers=auth_headers(api_key),
-                       timeout=30)
+        r = post_workflow(base_url, definition, api_key, 30.0)
     except httpx.HTTPError as exc:
         raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
-    if r.status_code in (200, 201, 404, 405, 501):  # 501: a cluster front over SGLang replicas
+    if r.status_code in (200, 201) or r.status_code in NO_WORKFLOW_UPLOADS:
         return None
     if r.status_code == 409:
         return (f"the server holds another definition of workflow '{name}': the bench's calls are labelled "
