@@ -149,14 +149,14 @@ def move_api_key_to_config(cmd: Sequence[str], directory: Path) -> list[str]:
     dropped = {i for o in options for i in range(o.start, o.stop)}
     cmd = [arg for i, arg in enumerate(cmd) if i not in dropped]
     settings: dict = {}
-    if "--config" in cmd and (j := cmd.index("--config")) + 1 < len(cmd):
+    if (j := _config_index(cmd)) is not None:
         settings = _user_config(Path(cmd[j + 1]))
         cmd = cmd[:j] + cmd[j + 2:]
     for option in options:
-        name = option.flag[2:]  # SGLang turns each YAML key into `--KEY VALUE` verbatim
-        if {name, name.replace("-", "_")} & set(settings):
+        name, underscored = _yaml_names(option.flag)  # SGLang turns each YAML key into `--KEY VALUE` verbatim
+        if {name, underscored} & set(settings):
             what = "the API key" if option.flag == "--api-key" else f"the {name.replace('-', ' ')}"
-            raise ConfigError(f"give {what} once: {option.flag}, or {name.replace('-', '_')} in "
+            raise ConfigError(f"give {what} once: {option.flag}, or {underscored} in "
                               f"SGLang's --config file, not both")
         if option.value.startswith("-"):  # SGLang's --config parser would read it as an option
             raise ConfigError(f"the value of {option.flag} begins with '-': SGLang cannot take it "
@@ -173,16 +173,28 @@ def secrets_of(cmd: Sequence[str]) -> list[str]:
     """The secret values SGLang will see: its secret options on `cmd`, and those of a `--config`
     file of the user's (a file that cannot be read holds none here; SGLang names the problem)."""
     values = [o.value for o in secret_options(cmd)]
-    if "--config" in cmd and (j := list(cmd).index("--config")) + 1 < len(cmd):
+    if (j := _config_index(cmd)) is not None:
         try:
             settings = _user_config(Path(cmd[j + 1]))
         except ConfigError:
             settings = {}
         for flag in SECRET_FLAGS:
-            for name in (flag[2:], flag[2:].replace("-", "_")):
+            for name in _yaml_names(flag):
                 if isinstance(settings.get(name), (str, int)):
                     values.append(str(settings[name]))
     return values
+
+
+def _config_index(cmd: Sequence[str]) -> int | None:
+    """Where `--config FILE` is on `cmd` (the flag's index), if it is there with a file."""
+    cmd = list(cmd)
+    j = cmd.index("--config") if "--config" in cmd else None
+    return j if j is not None and j + 1 < len(cmd) else None
+
+
+def _yaml_names(flag: str) -> tuple[str, str]:
+    """The two spellings an SGLang config file may use for `flag`: `api-key`, `api_key`."""
+    return flag[2:], flag[2:].replace("-", "_")
 
 
 def _user_config(path: Path) -> dict:
