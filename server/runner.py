@@ -35,8 +35,14 @@ class _DrainingServer(uvicorn.Server):
         self._drain_timeout_s = drain_timeout_s
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        await self._service.drain(self._drain_timeout_s)
+        # A second Ctrl-C (uvicorn's force_exit) ends the drain at once.
+        await self._service.drain(self._drain_timeout_s, cut_short=lambda: self.force_exit)
         await super().shutdown(sockets)
+        if self.force_exit:
+            # uvicorn skips the app's shutdown on a forced exit; the lifespan task was then
+            # cancelled at exit, logging a CancelledError traceback and skipping the service's
+            # stop (engine loop, the guard's forecast worker). Ours is quick after the drain.
+            await self.lifespan.shutdown()
 
 
 def _uvicorn_config(app: Any, config: ServerConfig, **kw: Any) -> uvicorn.Config:

@@ -71,11 +71,12 @@ class SimService:
         await self.loop.stop()
         close_policy(self.engine.policy)  # the guard's forecast worker would hold the exit
 
-    async def drain(self, timeout_s: float) -> None:
-        """Refuse new calls (503), let in-flight ones finish for `timeout_s`, fail the rest."""
+    async def drain(self, timeout_s: float, cut_short: Callable[[], bool] = lambda: False) -> None:
+        """Refuse new calls (503), let in-flight ones finish for `timeout_s` (or until
+        `cut_short()`: a second Ctrl-C), fail the rest."""
         self.draining = True
         deadline = asyncio.get_running_loop().time() + timeout_s
-        while self.calls and asyncio.get_running_loop().time() < deadline:
+        while self.calls and asyncio.get_running_loop().time() < deadline and not cut_short():
             await asyncio.sleep(0.02)
         if self.calls:
             err = ApiError(503, "server shut down before the request finished")

@@ -23,24 +23,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _serve(port: int, *extra: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "topas_agents.server", "--port", str(port), "--policy", "fcfs",
+         "--workflow", "chain3", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "server did not come up"
+        time.sleep(0.1)
+
+
 def test_topas_serve_sim_serves_and_stops_on_sigint() -> None:
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "topas_agents.server", "--port", str(port), "--time-scale", "100",
-         "--policy", "fcfs", "--workflow", "chain3", "--model-name", "sim-x", "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _serve(port, "--time-scale", "100", "--model-name", "sim-x", "--log-level", "warning")
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.1)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
         assert client.models.list().data[0].id == "sim-x"
         r = client.chat.completions.create(model="sim-x", messages=[{"role": "user", "content": "hi"}],
@@ -51,6 +54,35 @@ def test_topas_serve_sim_serves_and_stops_on_sigint() -> None:
         out, _ = proc.communicate(timeout=20)
         assert proc.returncode == 0, out
         assert f"http://127.0.0.1:{port}/v1" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_second_ctrl_c_ends_the_drain_at_once_without_a_traceback() -> None:
+    """uvicorn's forced exit (a second SIGINT) used to wait out the whole drain, then skip the
+    app's shutdown: the cancelled lifespan logged a CancelledError traceback."""
+    port = _free_port()
+    proc = _serve(port, "--time-scale", "1", "--drain-timeout", "60")
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                "topas": {"task_id": "t", "stage": "s1", "agent": "a", "workflow": "chain3"}}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data:"))  # the call is in flight
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            rest = [line for line in lines if line]
+            out, _ = proc.communicate(timeout=20)
+            waited = time.monotonic() - t0
+        assert waited < 10, f"the forced exit still drained for {waited:.1f} s"
+        assert "shut down before the request finished" in "".join(rest) and rest[-1] == "data: [DONE]"
+        assert "Traceback" not in out and "CancelledError" not in out, out
+        assert "Application shutdown complete" in out, out
     finally:
         if proc.poll() is None:
             proc.kill()
