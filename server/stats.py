@@ -92,7 +92,7 @@ def prefix_cache_json(svc: SimService, tenant: Tenant = None) -> dict[str, Any] 
 
 def jct_summary(svc: SimService) -> dict[str, Any]:
     t = svc.tracker
-    recent = list(t.jcts)
+    recent = [c.jct_s for c in t.jcts]
 
     def q(p: float) -> float | None:
         return percentile_or_none(recent, 100 * p)

@@ -287,6 +287,12 @@ def test_unlabelled_call_is_a_single_stage_task_and_inferred_tasks_reopen() -> N
     tr.check_call("c", "chain3")  # a retry after inference is allowed: the task reopens
     tr.commit_call("c", "s3", wf, "chain3", False, 2.0, 2.0)
     assert tr.active["c"].reopened == 1 and tr.jct_count == 1
+    # its JCT leaves the recent ones too (stats' percentiles read them): only u1's is left
+    assert [(c.task_id, c.jct_s) for c in tr.jcts] == [("u1", 2.0)]
+    tr.end_call("c", "s3", True, 6.0, 6.0)  # concluded again: its new JCT alone counts
+    assert [(c.task_id, c.jct_s) for c in tr.jcts] == [("u1", 2.0), ("c", 6.0)] and tr.jct_sum == 8.0
+    tr.check_call("c", "chain3")
+    tr.commit_call("c", "s3", wf, "chain3", False, 7.0, 7.0)
     with pytest.raises(TaskWorkflowMismatchError) as mismatch:
         tr.check_call("c", "other")
     err = from_task_error(mismatch.value)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from .errors import TaskClosedError, TaskWorkflowMismatchError, UnknownStageError, UnknownTaskError
 from .workflow import Workflow
@@ -41,6 +41,13 @@ class TaskDoneAction:
 
 
 Action = StageDoneAction | TaskDoneAction
+
+
+class ConcludedJct(NamedTuple):
+    """One concluded task's JCT in the recent history (stats' percentiles)."""
+
+    task_id: str
+    jct_s: float
 
 
 @dataclass(slots=True)
@@ -98,7 +105,7 @@ class TaskTracker:
         self._max_history = max_history
         self.stage_calls: collections.Counter[tuple[str, str]] = collections.Counter()
         self.stage_tasks: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.jcts: collections.deque[float] = collections.deque(maxlen=max_history)
+        self.jcts: collections.deque[ConcludedJct] = collections.deque(maxlen=max_history)
         self.jct_count = 0
         self.jct_sum = 0.0
         # For /metrics, which must never go down: every conclusion is reported to
@@ -136,6 +143,7 @@ class TaskTracker:
             if task is not None:  # concluded by inference or idleness, but not done after all
                 self.jct_count -= 1
                 self.jct_sum -= task.jct_s or 0.0
+                self._forget_jct(task_id)
                 self.reopens_total += 1
                 task.done_reason, task.finish_s, task.reopened = None, None, task.reopened + 1
             else:
@@ -155,6 +163,14 @@ class TaskTracker:
         task.in_flight += 1
         task.last_activity_wall = now_wall
         return actions
+
+    def _forget_jct(self, task_id: str) -> None:
+        """Take a reopened task's JCT out of the recent ones (the percentiles), as out of the
+        count and sum; its latest entry, if the bounded history still holds it."""
+        for i in range(len(self.jcts) - 1, -1, -1):
+            if self.jcts[i].task_id == task_id:
+                del self.jcts[i]
+                return
 
     def end_call(self, task_id: str, stage: str, ok: bool, now_s: float, now_wall: float) -> list[Action]:
         task = self.active.get(task_id)
@@ -255,7 +271,7 @@ class TaskTracker:
         self.finished[task.task_id] = task
         while len(self.finished) > self._max_history:
             self.finished.popitem(last=False)
-        self.jcts.append(finish_s - task.arrival_s)
+        self.jcts.append(ConcludedJct(task.task_id, finish_s - task.arrival_s))
         self.jct_count += 1
         self.jct_sum += finish_s - task.arrival_s
         if self.on_conclude is not None:
