@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -79,7 +78,7 @@ def post_workflow(base_url: str, definition: Mapping[str, Any], api_key: str | N
 
 
 def done_url(base_url: str, task_id: str) -> str:
-    return f"{server_root(base_url)}/v1/topas/tasks/{quote(task_id, safe='')}/done"
+    return f"{server_root(base_url)}/v1/topas/tasks/{labels.path_segment(task_id)}/done"
 
 
 def _report(task_id: str, rsp: httpx.Response | None, exc: Exception | None, missing_ok: bool = False) -> bool:

@@ -206,6 +206,10 @@ async def test_async_event_hook(server):
 
 def test_done_url_quotes_the_task_id():
     assert done_url("http://h:1/v1/", "a b/c") == "http://h:1/v1/topas/tasks/a%20b%2Fc/done"
+    # dot segments are resolved by httpx and curl: the done call for ".." reached /v1/topas/done
+    assert done_url("http://h:1/v1", "..") == "http://h:1/v1/topas/tasks/%2E%2E/done"
+    assert done_url("http://h:1/v1", ".") == "http://h:1/v1/topas/tasks/%2E/done"
+    assert done_url("http://h:1/v1", "a.b") == "http://h:1/v1/topas/tasks/a.b/done"
 
 
 def test_task_scope_labels_calls_and_closes_the_task(server):

@@ -162,6 +162,10 @@ async def test_task_scopes_close_their_task_on_a_keyed_server(srv, caplog):
             labelled(openai.OpenAI(base_url=srv.url, api_key=B, max_retries=0)).chat.completions.create(
                 model="m", messages=MSG, max_tokens=3)
     assert _task_of(srv, B, "keyed-async")["done_reason"] == "explicit"
+    for dots in (".", ".."):  # before: httpx resolved the dot segment and the done call 404'd
+        with task(dots, client=client, workflow="chain3"), label(stage="s1", agent="a"):
+            client.chat.completions.create(model="m", messages=MSG, max_tokens=3)
+        assert _task_of(srv, A, dots)["done_reason"] == "explicit"
     with task("keyed-nokey", base_url=srv.url, workflow="chain3"), label(stage="s1", agent="a"):
         client.chat.completions.create(model="m", messages=MSG, max_tokens=3)
     assert not _task_of(srv, A, "keyed-nokey")["done"]  # refused: said, not raised

@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import re
 import reprlib
+import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from types import MappingProxyType
@@ -155,6 +156,14 @@ def header_text(value: str) -> str:
         return value.encode("latin-1").decode("utf-8")
     except (UnicodeEncodeError, UnicodeDecodeError):
         return value
+
+
+def path_segment(text: str | bytes) -> str:
+    """A label value (task id, stage) as one URL path segment with these characters: "/" as
+    %2F, and "." or ".." as %2E (httpx and curl resolve literal dot segments: a done call for
+    task ".." went to /v1/topas/done, a 404, and the task stayed open)."""
+    escaped = urllib.parse.quote(text, safe="")
+    return escaped.replace(".", "%2E") if escaped in (".", "..") else escaped
 
 
 def header_fields(headers: Mapping[str, str]) -> dict[str, str]:

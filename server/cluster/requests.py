@@ -8,7 +8,14 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from topas_agents.labels import BODY_KEY, MAX_LABEL_CHARS, header_fields, text_problem, to_metadata
+from topas_agents.labels import (
+    BODY_KEY,
+    MAX_LABEL_CHARS,
+    header_fields,
+    path_segment,
+    text_problem,
+    to_metadata,
+)
 from topas_agents.server.api_errors import ApiError
 from topas_agents.server.config import ServerConfig
 
@@ -83,16 +90,9 @@ def done_path(raw_path: bytes) -> tuple[str, str]:
     raw = [urllib.parse.unquote_to_bytes(p) for p in parts]
     text = [p.decode("utf-8", "replace") for p in raw]
     if len(raw) == 2 and text[1] == "done" and text[0]:
-        segments = [_segment(raw[0]), "done"]
+        segments = [path_segment(raw[0]), "done"]
     elif len(raw) == 4 and text[1] == "stages" and text[3] == "done" and text[0] and text[2]:
-        segments = [_segment(raw[0]), "stages", _segment(raw[2]), "done"]
+        segments = [path_segment(raw[0]), "stages", path_segment(raw[2]), "done"]
     else:
         raise ApiError(404, "Not Found")
     return _DONE_PREFIX.decode() + "/".join(segments), text[0]
-
-
-def _segment(part: bytes) -> str:
-    """One path segment, percent-escaped so that it stays one segment with these bytes: "/"
-    as %2F, and "." or ".." as %2E (httpx resolves literal dot segments)."""
-    escaped = urllib.parse.quote(part, safe="")
-    return escaped.replace(".", "%2E") if escaped in (".", "..") else escaped
