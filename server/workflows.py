@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from ..errors import ConfigError, WorkflowError
-from ..workflow import Workflow, builtin_workflows, load_workflow, load_yaml_data, parse_workflow
+from ..workflow import DERIVED_WORKFLOWS, Workflow, builtin_workflows, load_workflow, load_yaml_data, parse_workflow
 from .api_errors import ApiError, bad_request
 from .tenancy import Tenant, engine_workflow, qualify
 
@@ -129,8 +129,12 @@ def parse_upload(text: str) -> Workflow:
     it in a worker thread."""
     try:
         data = load_yaml_data(text)
-        if isinstance(data, str) and data in builtin_workflows():  # a built-in by name
+        if isinstance(data, str):  # a built-in by name (derived ones too, as --workflow takes them)
+            if data not in builtin_workflows() and data not in DERIVED_WORKFLOWS:
+                known = ", ".join([*builtin_workflows(), *DERIVED_WORKFLOWS])
+                raise WorkflowError(f"unknown built-in workflow {data[:80]!r} (built-in: {known}; "
+                                    "or send a workflow definition, YAML or JSON)")
             return load_workflow(data)
-        return parse_workflow(data, "workflow")
+        return parse_workflow(data, "request body")
     except WorkflowError as exc:
         raise bad_request(str(exc)) from None

@@ -201,6 +201,14 @@ def test_workflow_registration_and_stage_inference(server, client) -> None:
                                  "stages": [{"name": "s", "agent": "ghost", "input_tokens": 1, "output_tokens": 1}]})
     assert bad.status_code == 400 and "unknown agent 'ghost'" in bad.json()["error"]["message"]
     assert httpx.post(base, content="a: [b").status_code == 400
+    # a built-in by name, derived ones too (before: "expected a mapping, got str" for those,
+    # and for an unknown name)
+    assert httpx.post(base, content="metagpt-sop-noqa").json()["name"] == "metagpt-sop-noqa"
+    unknown = httpx.post(base, content="nosuchthing")
+    assert unknown.status_code == 400 and "unknown built-in workflow 'nosuchthing'" in unknown.text
+    assert "metagpt-sop-noqa" in unknown.text
+    listed = httpx.post(base, content="[1]").json()["error"]["message"]
+    assert listed == "request body: workflow: expected a mapping, got list"
     assert "pair" in httpx.get(base).json()["workflows"]
 
     def call(stage: str, agent: str) -> None:
