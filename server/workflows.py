@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from ..errors import ConfigError, WorkflowError
-from ..workflow import DERIVED_WORKFLOWS, Workflow, builtin_workflows, load_workflow, load_yaml_data, parse_workflow
+from ..workflow import (
+    DERIVED_WORKFLOWS,
+    Workflow,
+    builtin_workflows,
+    load_workflow,
+    load_yaml_data,
+    parse_workflow,
+)
 from .api_errors import ApiError, bad_request
 from .tenancy import Tenant, engine_workflow, qualify
 

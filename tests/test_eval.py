@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 
 import pytest
@@ -148,4 +149,28 @@ def test_eval_exits_1_when_a_task_fails(tmp_path, capsys):
     assert captured.out.splitlines()[2].split()[:3] == ["external", "1", "0"]  # policy, tasks, ok
     # which task and why, without a rerun with --json (it said only "see --json for errors")
     (line,) = [x for x in captured.err.splitlines() if x.startswith("FAILED ")]
-    assert line.startswith("FAILED external sd00: ") and "JSONDecodeError" in line, line
+    assert re.match(r"FAILED external sop-[0-9a-f]{8}-sd00: ", line) and "JSONDecodeError" in line, line
+
+
+@metagpt_only
+def test_eval_twice_against_one_server_uses_new_task_ids(tmp_path, capsys):
+    """The second evaluation reused the dataset ids: the server had closed those tasks, so every
+    call was a 409, and the failed rows carried the first run's JCTs."""
+    from topas_agents.integrations.metagpt.server_api import embedded_server
+
+    with embedded_server(time_scale=400) as handle:
+        runs = []
+        for i in range(2):
+            out = tmp_path / f"eval{i}.json"
+            rc = main(["eval", "softwaredev", "--rate", "1", "--limit", "1", "--server", handle.url, "--root",
+                       str(tmp_path), "--parse-retries", "1", "--no-progress", "--json", str(out)])
+            assert rc == 0, capsys.readouterr().err[-2000:]
+            runs.append(json.loads(out.read_text())["policies"]["external"]["results"])
+        named = tmp_path / "named.json"
+        assert main(["eval", "softwaredev", "--rate", "1", "--limit", "1", "--server", handle.url, "--root",
+                     str(tmp_path), "--parse-retries", "1", "--no-progress", "--task-id-prefix", "mine",
+                     "--json", str(named)]) == 0
+    ids = [r[0]["task_id"] for r in runs]
+    assert ids[0] != ids[1] and all(re.fullmatch(r"sop-[0-9a-f]{8}-sd00", t) for t in ids)
+    assert all(r[0]["success"] and r[0]["jct_s"] > 0 for r in runs)
+    assert json.loads(named.read_text())["policies"]["external"]["results"][0]["task_id"] == "mine-sd00"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,6 +47,20 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="MetaGPT retries of unparsable replies (default: MetaGPT's 6, with waits)")
     p.add_argument("--json", metavar="OUT", help="write the results as JSON")
     p.add_argument("--verbose", action="store_true", help="show MetaGPT's log (INFO) on stderr")
+    p.add_argument("--task-id-prefix", metavar="P", default=None,
+                   help="task ids are P-<id> (default with --server, and always for `topas run`: <workflow>-<random "
+                   "hex>, unique per run, so a repeated run against one server never reuses a finished task's id, "
+                   "which the server refuses with 409)")
+
+
+def task_id_prefix(given: str | None, workflow: str) -> str:
+    """`--task-id-prefix`, or a fresh `<workflow>-<hex>`. A server closes a task for good once
+    it is done (a later call for it gets 409), so each run against one server needs new ids."""
+    if given is not None:
+        if not given.strip():
+            raise ConfigError("--task-id-prefix must not be empty")
+        return given
+    return f"{workflow}-{uuid.uuid4().hex[:8]}"
 
 
 def max_tokens_options(max_tokens: int | None, external: bool) -> dict[str, Any]:

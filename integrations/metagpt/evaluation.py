@@ -68,6 +68,7 @@ class EvalConfig:
     model: str | None = None
     max_tokens: int | None = None  # None: omitted (embedded) / MetaGPT's 4096 (--server); 0: omit
     api_key: str | None = None  # --server's key (None: MetaGPT's placeholder)
+    task_id_prefix: str | None = None  # ids P-<dataset id>; None: the dataset ids (a fresh server per policy)
 
     def __post_init__(self) -> None:
         if not (self.rate > 0 and math.isfinite(self.rate)):
@@ -78,15 +79,16 @@ class EvalConfig:
             raise ConfigError(f"--time-scale must be a positive number, got {self.time_scale}")
 
 
-def make_specs(prompts: Sequence[SoftwareDevPrompt], n: int) -> list[TaskSpec]:
-    """`n` tasks over the prompts in order, cycling (ids stay unique)."""
+def make_specs(prompts: Sequence[SoftwareDevPrompt], n: int, prefix: str | None = None) -> list[TaskSpec]:
+    """`n` tasks over the prompts in order, cycling (ids stay unique), as `prefix-<id>` if given."""
     if not prompts:
         raise ConfigError("no prompts")
     out = []
+    head = f"{prefix}-" if prefix is not None else ""
     for i in range(n):
         p = prompts[i % len(prompts)]
         suffix = "" if i < len(prompts) else f"r{i // len(prompts)}"
-        out.append(TaskSpec(f"{p.task_id}{suffix}", p.prompt, p.name))
+        out.append(TaskSpec(f"{head}{p.task_id}{suffix}", p.prompt, p.name))
     return out
 
 
@@ -156,7 +158,7 @@ def _progress(total: int, enabled: bool) -> Any:
 async def evaluate(config: EvalConfig, prompts: Sequence[SoftwareDevPrompt], *, progress: bool = False,
                    trace_dir: Path | None = None) -> dict[str, Any]:
     """Run every policy; returns the JSON document (`summary` per policy + per-task rows)."""
-    specs = make_specs(prompts, config.tasks)
+    specs = make_specs(prompts, config.tasks, config.task_id_prefix)
     arrivals = poisson_arrivals(len(specs), config.rate, config.seed)
     policies = config.policies if config.server is None else (EXTERNAL,)
     external = _external_info(config)

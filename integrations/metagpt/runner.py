@@ -268,5 +268,6 @@ def attach_server_view(results: Sequence[TaskResult], stats: dict[str, Any] | No
                 "calls": len(seen),
                 "labels": sorted({(c["stage"], c["agent"]) for c in seen}),
                 "label_sources": sorted({c["label_source"] for c in seen})}
-        out.append(dataclasses.replace(r, jct_s=task.get("jct_s"), server=view))
+        # a failed task's server JCT (if the server concluded it at all) is not the task's JCT
+        out.append(dataclasses.replace(r, jct_s=task.get("jct_s") if r.success else r.jct_s, server=view))
     return out

@@ -54,6 +54,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def _task_id_prefix(args: argparse.Namespace) -> str | None:
+    """With --server, fresh ids per run (a second evaluation against one server reused the
+    dataset ids: every call a 409); the embedded servers are fresh per policy: dataset ids."""
+    from ..integrations.metagpt.cli_support import task_id_prefix
+
+    if args.server is None and args.task_id_prefix is None:
+        return None
+    return task_id_prefix(args.task_id_prefix, args.workflow)
+
+
 def run(args: argparse.Namespace) -> int:
     from .args import client_api_key
 
@@ -78,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
                         restructure=not args.no_restructure,
                         parse_retries=args.parse_retries if args.parse_retries is not None else 2,
                         model=args.model, max_tokens=args.max_tokens,
-                        api_key=api_key)
+                        api_key=api_key, task_id_prefix=_task_id_prefix(args))
     show = not args.no_progress and sys.stderr.isatty()
     with stdout_to_stderr():
         doc = asyncio.run(evaluate(config, prompts, progress=show,

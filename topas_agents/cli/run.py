@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import sys
-import uuid
 from typing import Any
 
 from ..errors import ConfigError
@@ -48,28 +47,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", metavar="OUT.jsonl", help="record every call as a trace (topas bench --trace)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="--server's API key (default: $TOPAS_API_KEY)")
-    p.add_argument("--task-id-prefix", metavar="P", default=None,
-                   help="task ids are P-0 (--prompt) or P-<dataset id> (default: <workflow>-<random hex>, unique "
-                   "per run, so repeated runs against one --server never reuse a finished task's id)")
     add_common(p)
     p.set_defaults(run=run)
 
 
-def _task_id_prefix(args: argparse.Namespace) -> str:
-    """A server closes a task for good once it is done (a later call for it gets 409), so
-    every run gets fresh ids unless the caller names them."""
-    if args.task_id_prefix is not None:
-        if not args.task_id_prefix.strip():
-            raise ConfigError("--task-id-prefix must not be empty")
-        return args.task_id_prefix
-    return f"{args.workflow}-{uuid.uuid4().hex[:8]}"
-
-
 def _specs(args: argparse.Namespace) -> list[Any]:
+    from ..integrations.metagpt.cli_support import task_id_prefix
     from ..integrations.metagpt.runner import TaskSpec
     from ..integrations.metagpt.softwaredev import load_softwaredev
 
-    prefix = _task_id_prefix(args)
+    prefix = task_id_prefix(args.task_id_prefix, args.workflow)
     if args.prompt is not None:
         if not args.prompt.strip():
             raise ConfigError("--prompt must not be empty")
