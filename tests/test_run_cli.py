@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,19 @@ def test_a_dead_server_is_a_one_line_error_before_any_call(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "cannot reach the server" in err
     assert "Traceback" not in err
+
+
+def test_a_base_url_without_v1_is_a_one_line_error_before_any_call(tmp_path, capsys):
+    """The probe took any answer: MetaGPT then retried 404s for seconds and the task failed."""
+    from topas_agents.server import ServerConfig, start_server_in_thread
+
+    with start_server_in_thread(ServerConfig(time_scale=400)) as handle:
+        root = handle.url.removesuffix("/v1")
+        t0 = time.monotonic()
+        rc = main(["run", "sop", "--prompt", "Create a snake game.", "--server", root, "--root", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{root}/models (HTTP 404) lists no model" in err and "ends in /v1" in err, err[-1000:]
+    assert time.monotonic() - t0 < 10 and "Traceback" not in err
 
 
 def test_a_server_refusing_the_key_is_a_one_line_error(tmp_path, capsys):

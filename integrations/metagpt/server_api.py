@@ -20,9 +20,9 @@ from topas_agents.integrations.task import (
     NO_WORKFLOW_UPLOADS,
     auth_headers,
     post_workflow,
-    refused_key_message,
     server_root,
 )
+from topas_agents.realbench.client import first_model_id
 from topas_agents.workflow import Workflow, workflow_mapping
 
 log = logging.getLogger("topas.metagpt")
@@ -31,15 +31,10 @@ PROBE_TIMEOUT_S = 5.0  # a live server answers /v1/models at once; MetaGPT's ret
 
 
 def probe_server(base_url: str, api_key: str | None = None, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """Fail fast (ConfigError, one line) if the server is unreachable or refuses the key,
-    before MetaGPT's first call would spend minutes retrying."""
-    url = f"{base_url.rstrip('/')}/models"
-    try:
-        rsp = httpx.get(url, headers=auth_headers(api_key), timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
-    if rsp.status_code in (401, 403):
-        raise ConfigError(refused_key_message(base_url, api_key, rsp.status_code))
+    """Fail fast (ConfigError, one line) if the server is unreachable, refuses the key, or is
+    not an OpenAI base URL (one without /v1 answered 404 and MetaGPT retried it for seconds
+    before the task failed), before MetaGPT's first call would spend minutes retrying."""
+    first_model_id(base_url, api_key, timeout_s)
 
 
 def register_workflow(base_url: str, wf: Workflow, api_key: str | None = None) -> bool:

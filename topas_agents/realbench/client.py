@@ -28,13 +28,14 @@ WORDS = ("plan", "design", "code", "review", "test", "module", "interface", "dat
          "agent", "task", "stage", "value", "error", "result", "function", "class", "queue", "cache")
 
 
-def first_model_id(base_url: str, api_key: str | None = None) -> str:
+def first_model_id(base_url: str, api_key: str | None = None, timeout_s: float = 30.0) -> str:
     """The server's first `/models` id; ConfigError (one line, exit 2) when the server cannot
     be reached, refuses the key, or does not list a model the OpenAI way (a URL that is not
     the OpenAI base), before any measuring or task starts. `topas bench --server` and `topas
-    calibrate` use it."""
+    calibrate` use it, and `topas run`/`eval` before MetaGPT's first call."""
+    base_url = base_url.rstrip("/")
     try:
-        r = httpx.get(f"{base_url}/models", headers=auth_headers(api_key), timeout=30)
+        r = httpx.get(f"{base_url}/models", headers=auth_headers(api_key), timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise ConfigError(f"cannot reach the server at {base_url}: {type(exc).__name__}: {exc}") from None
     if r.status_code in (401, 403):
