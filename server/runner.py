@@ -19,6 +19,7 @@ import uvicorn
 from ..errors import ConfigError, TopasError
 from .app import build_app
 from .config import ServerConfig
+from .forced_exit import ForcedExitServer
 from .responders import Responder
 from .service import EngineFactory, SimService
 
@@ -26,7 +27,7 @@ from .service import EngineFactory, SimService
 _BACKLOG = 4096
 
 
-class _DrainingServer(uvicorn.Server):
+class _DrainingServer(ForcedExitServer):
     """uvicorn.Server that drains the simulator's in-flight calls before closing."""
 
     def __init__(self, config: uvicorn.Config, service: SimService, drain_timeout_s: float) -> None:
@@ -37,12 +38,7 @@ class _DrainingServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # A second Ctrl-C (uvicorn's force_exit) ends the drain at once.
         await self._service.drain(self._drain_timeout_s, cut_short=lambda: self.force_exit)
-        await super().shutdown(sockets)
-        if self.force_exit:
-            # uvicorn skips the app's shutdown on a forced exit; the lifespan task was then
-            # cancelled at exit, logging a CancelledError traceback and skipping the service's
-            # stop (engine loop, the guard's forecast worker). Ours is quick after the drain.
-            await self.lifespan.shutdown()
+        await super().shutdown(sockets)  # on a forced exit the service's stop is quick after the drain
 
 
 def _uvicorn_config(app: Any, config: ServerConfig, **kw: Any) -> uvicorn.Config:

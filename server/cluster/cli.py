@@ -79,4 +79,10 @@ def serve_from_args(args: argparse.Namespace, engine_args: Sequence[str] = ()) -
     return serve_replicas(args.replicas, port=args.port, host=args.host, engine=args.engine,
                           router_policy=args.router_policy, serve_args=replica_serve_args(args),
                           engine_args=tuple(engine_args), gpu_ids=gpu_ids,
-                          extra_smg_args=tuple(args.smg_arg or ()), restart=restart)
+                          extra_smg_args=tuple(args.smg_arg or ()), restart=restart, **_front_drain(args))
+
+
+def _front_drain(args: argparse.Namespace) -> dict[str, float]:
+    """--drain-timeout also bounds the front's drain on stop (a sim replica's own drain too)."""
+    value = getattr(args, "drain_timeout", None)
+    return {"drain_timeout_s": float(value)} if value is not None else {}

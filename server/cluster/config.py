@@ -132,6 +132,10 @@ class ClusterConfig:
     extra_smg_args: tuple[str, ...] = ()
     # Wall seconds to wait for every replica and smg to answer at start (SGLang loads weights).
     startup_timeout_s: float = 60.0
+    # Wall seconds the front gives calls in flight through it to finish on stop, before smg and
+    # the replicas are stopped (`--drain-timeout`; ServerConfig's default). smg's own grace
+    # period is short, so stopping it with the replicas cut every relay after ~2 s.
+    drain_timeout_s: float = 10.0
     # Wall seconds a replica gets to drain after SIGTERM before it is killed.
     stop_timeout_s: float = 15.0
     # Wall seconds the front waits on one control-plane call to one replica.
@@ -166,6 +170,8 @@ class ClusterConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a positive number, got {value}")
+        if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
+            raise ConfigError(f"--drain-timeout must be a number >= 0, got {self.drain_timeout_s}")
 
     @property
     def replica_api_keys(self) -> tuple[str, ...]:

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from topas_agents.labels import MAX_LABEL_CHARS
-from topas_agents.server.api_errors import ApiError, bad_request
+from topas_agents.server.api_errors import ApiError, bad_request, shutting_down
 from topas_agents.server.bodies import parse_json_body, read_body
 from topas_agents.server.tenancy import EXEMPT_PATHS, authenticate_scope, tenant_ids
 
@@ -48,6 +48,7 @@ from .aggregate import (
 )
 from .commands import cluster_api_key
 from .config import ROUTE_KEY_HEADER, ClusterConfig
+from .drain import RelayDrain
 from .requests import (
     CALLS_PROBLEM,
     MAX_CALL_BODY_BYTES,
@@ -81,6 +82,7 @@ class Front:
         self._registrations: dict[tuple[str, str | None], Registration] = {}
         self._lock = threading.Lock()
         self.restart_events: Sequence[RestartEvent] = ()  # the supervisor's list, set by the launcher
+        self.drain = RelayDrain()  # the relays in flight, drained on stop (drain.py)
 
     def registrations(self) -> list[Registration]:
         with self._lock:
@@ -128,6 +130,8 @@ class Front:
     # ------------------------------------------------------------------ data plane
 
     async def relay(self, request: Request) -> Response:
+        if self.drain.draining:
+            raise shutting_down()
         raw = await read_body(request, MAX_CALL_BODY_BYTES)
         # the client's header bytes as they came: Starlette reads them as Latin-1 and httpx
         # would encode that text as ASCII, so a non-ASCII value (a UTF-8 X-Topas-Task-Id) was a 500
@@ -152,17 +156,7 @@ class Front:
         except httpx.HTTPError as exc:
             return _error(502, f"gateway unreachable: {type(exc).__name__}: {exc}")
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP | _UPSTREAM_ONLY}
-
-        async def body_iter() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in resp.aiter_raw():
-                    yield chunk
-            except httpx.HTTPError:
-                return  # the upstream broke mid-body: end the stream as it did (no [DONE])
-            finally:
-                await resp.aclose()
-
-        return StreamingResponse(body_iter(), status_code=resp.status_code, headers=out_headers)
+        return StreamingResponse(self.drain.body(resp), status_code=resp.status_code, headers=out_headers)
 
     async def models(self, request: Request) -> Response:
         """`/v1/models` and `/v1/models/{id}` (openai's models.retrieve), as smg answers them."""

@@ -26,9 +26,17 @@ from topas_agents.errors import ConfigError, TopasError
 from ..sglang.config import require_sglang
 from .commands import replica_argv, replica_env, smg_argv, smg_env, smg_version
 from .config import ClusterConfig, GatewaySettings
+from .drain import DrainingFront
 from .front import Front, build_front
 from .procs import Child, start_child, stop_children
 from .supervisor import RestartEvent, Supervisor
+
+# After the front's drain, uvicorn gives calls left in flight this long before cancelling them,
+# and the front's thread gets a little more to close.
+_AFTER_DRAIN_S = 3
+_FRONT_EXIT_SLACK_S = _AFTER_DRAIN_S + 2.0
+# After a forced stop (a second Ctrl-C) the children get this long after SIGTERM.
+_FORCED_STOP_S = 2.0
 
 
 @dataclass
@@ -43,6 +51,7 @@ class ClusterHandle:
     _front: uvicorn.Server | None = field(default=None, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
+    _forced: bool = field(default=False, repr=False)
 
     @property
     def restarts(self) -> list[RestartEvent]:
@@ -63,7 +72,8 @@ class ClusterHandle:
         return [self.gateway, *self.replicas]
 
     def stop(self) -> None:
-        """Stop the front, smg and every replica (drain, then SIGKILL what is left)."""
+        """Stop the front (calls in flight through it get `drain_timeout_s` to finish), then smg
+        and every replica (drain, then SIGKILL what is left). `force()` cuts both waits short."""
         if self._stopped:
             return
         self._stopped = True
@@ -71,8 +81,14 @@ class ClusterHandle:
             self.supervisor.stop()
         if self._front is not None and self._thread is not None:
             self._front.should_exit = True
-            self._thread.join(10)
-        stop_children(self.children, self.config.stop_timeout_s)
+            self._thread.join(self.config.drain_timeout_s + _FRONT_EXIT_SLACK_S)
+        stop_children(self.children, _FORCED_STOP_S if self._forced else self.config.stop_timeout_s)
+
+    def force(self) -> None:
+        """A second Ctrl-C: end the front's drain now and give the children a short stop."""
+        self._forced = True
+        if self._front is not None:
+            self._front.force_exit = True
 
     def __enter__(self) -> ClusterHandle:
         return self
@@ -159,9 +175,13 @@ def _wait_gateway(config: ClusterConfig, gateway: Child, deadline: float) -> Non
 
 def _start_front(config: ClusterConfig) -> tuple[uvicorn.Server, threading.Thread, Front]:
     app = build_front(config)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
-                                           log_level="warning", access_log=False, log_config=None,
-                                           lifespan="on", backlog=4096))
+    front: Front = app.state.front
+    # after the drain (drain.py), uvicorn gives what is left (a call without a body yet) this
+    # long, then cancels it
+    server = DrainingFront(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                                          access_log=False, log_config=None, lifespan="on", backlog=4096,
+                                          timeout_graceful_shutdown=_AFTER_DRAIN_S),
+                           front.drain, config.drain_timeout_s)
     thread = threading.Thread(target=server.run, name=f"topas-front-{config.port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 15
@@ -170,7 +190,7 @@ def _start_front(config: ClusterConfig) -> tuple[uvicorn.Server, threading.Threa
             server.should_exit = True
             raise TopasError(f"the front failed to start on {config.host}:{config.port}")
         time.sleep(0.01)
-    return server, thread, app.state.front
+    return server, thread, front
 
 
 def start_cluster(config: ClusterConfig, *, log_dir: Path | None = None,
@@ -233,13 +253,22 @@ def run_replicas(replicas: int, *, port: int = 8000, host: str = "127.0.0.1", en
 def serve_replicas(replicas: int, **kw: Any) -> int:
     """Blocking: run the cluster until SIGINT/SIGTERM, then stop everything (`topas serve --replicas`)."""
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    running: list[ClusterHandle] = []
+
+    def on_signal(*_: object) -> None:
+        if stop.is_set():  # the second: the drain is cut short
+            for cluster in running:
+                cluster.force()
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         def report(e: RestartEvent) -> None:
             print(f"topas: replica-{e.replica} (pid {e.old_pid}, exit {e.exit_code}) {e.outcome}: {e.detail}",
                   flush=True)
 
         with run_replicas(replicas, on_restart=report, **kw) as cluster:
+            running.append(cluster)
             c = cluster.config
             print(f"topas: {c.replicas} {c.engine} replicas behind smg {smg_version()} "
                   f"(policy {c.router_policy}); OpenAI base URL {cluster.url}; logs in {cluster.log_dir}",
