@@ -110,15 +110,31 @@ def test_aggregate_merges_split_tasks():
     c = view["cluster"]
     assert c["replicas_up"] == 2 and c["calls_by_status"] == {"ok": 6} and c["queues"]["running"] == 4
     assert c["tasks"] == {"seen": 2, "done": 2, "split": 1, "split_ids": ["x"]}
-    assert c["jct"]["count"] == 2 and c["jct"]["mean_s"] == pytest.approx((4.0 + 4.0) / 2)
+    # replica 1's clock reads 1 s behind replica 2's at the same instant: its times move by
+    # +1 s, so x runs from 1.5 (replica 2) to 5.0 (replica 2; replica 1's part ends at 3.0)
+    assert c["jct"]["count"] == 2 and c["jct"]["mean_s"] == pytest.approx((3.5 + 4.0) / 2)
     assert c["clock_skew_s"] == pytest.approx(1.0)
     assert view["replicas"][2]["status"] is None
     # the per-task items, in a replica's shape: a split task runs from its first arrival to its
     # last finish and sums its stages; a task of one replica keeps that replica's fields
     items = {t["task_id"]: t for t in view["tasks"]["items"]}
-    assert items["x"]["replicas"] == [1, 2] and items["x"]["jct_s"] == pytest.approx(4.0)
+    assert items["x"]["replicas"] == [1, 2] and items["x"]["jct_s"] == pytest.approx(3.5)
     assert items["x"]["stages"] == {"s1": {"calls": 1}, "s2": {"calls": 1}}
     assert items["y"]["replicas"] == [1] and items["y"]["jct_s"] == pytest.approx(4.0)
+
+
+def test_a_restarted_replicas_clock_is_moved_onto_the_others():
+    """A restarted replica's clock starts again at 0: merged on the raw clocks, a task re-homed
+    to it ran from its early arrival there to its late finish elsewhere (849 s for a 2 s task)."""
+    old = _stats([{"task_id": "x", "arrival_s": 790.0, "finish_s": 795.0, "done": True, "stages": {}},
+                  {"task_id": "y", "arrival_s": 100.0, "finish_s": 160.0, "done": True, "stages": {}}], now=800.0)
+    restarted = _stats([{"task_id": "x", "arrival_s": 2.0, "finish_s": 8.0, "done": True, "stages": {}}], now=10.0)
+    view = aggregate_stats([ReplicaAnswer("u1", 200, old), ReplicaAnswer("u2", 200, restarted)])
+    items = {t["task_id"]: t for t in view["tasks"]["items"]}
+    # x: 790 -> 795 on replica 1, then 792 -> 798 on the common clock (2 + 790, 8 + 790)
+    assert items["x"]["jct_s"] == pytest.approx(8.0) and items["x"]["arrival_s"] == pytest.approx(790.0)
+    assert items["y"]["jct_s"] == pytest.approx(60.0)
+    assert view["cluster"]["jct"]["mean_s"] == pytest.approx(34.0)
 
 
 def test_aggregate_reads_the_replicas_as_one_server():

@@ -3,8 +3,12 @@
 JCT is recomputed from the replicas' task lists, so percentiles are over the whole cluster.
 A task seen on more than one replica (a failover re-homed it) counts once: arrival is its
 earliest arrival anywhere and finish its latest finish, which is the JCT the client lived.
-Replica times are simulated seconds of independent clocks; for sim replicas started together
-with one time scale they agree to within the start-up skew, which the view reports.
+Replica times are seconds of independent clocks: a restarted replica's starts again at 0, and
+replicas started together differ by their start-up skew. The stats are fetched from every
+replica at once, so each replica's `now_s` marks the same instant: every task's times are
+moved onto the clock of the replica that reads latest (`ReplicaTasks.shift_s`) before they are
+merged. Without it a split task ran from a restarted replica's early arrival to the others'
+late finish (a 2 s task reported as 849 s).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from topas_agents.percentile import percentile_or_none
 
@@ -41,13 +45,22 @@ def _quantile(values: Sequence[float], p: float) -> float | None:
     return percentile_or_none(values, 100 * p)
 
 
-def merge_tasks(per_replica: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]) -> dict[str, dict[str, Any]]:
+class ReplicaTasks(NamedTuple):
+    """One replica's task items, and what moves its times onto the common clock."""
+
+    replica: int  # 1-based
+    items: Sequence[Mapping[str, Any]]
+    shift_s: float = 0.0  # added to its arrival_s and finish_s
+
+
+def merge_tasks(per_replica: Sequence[ReplicaTasks]) -> dict[str, dict[str, Any]]:
     """task id -> merged record in a replica's own item shape (`server/stats.py` `task_json`),
-    plus the replicas (1-based) that served it. A task served by one replica keeps that
-    replica's fields; a split task (failover) runs from its earliest arrival to its latest
-    finish, is done when every part is, and sums its stages' counts."""
+    plus the replicas (1-based) that served it, its times on the common clock. A task served
+    by one replica keeps that replica's other fields; a split task (failover) runs from its
+    earliest arrival to its latest finish, is done when every part is, and sums its stages'
+    counts."""
     merged: dict[str, dict[str, Any]] = {}
-    for idx, items in per_replica:
+    for idx, items, shift in per_replica:
         for item in items:
             tid = item["task_id"]
             m = merged.get(tid)
@@ -55,7 +68,7 @@ def merge_tasks(per_replica: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]) 
                 m = merged[tid] = {**item, "replicas": [], "arrival_s": None, "finish_s": None, "done": True,
                                    "stages": {}, "calls": 0}
             m["replicas"].append(idx)
-            arr, fin = item.get("arrival_s"), item.get("finish_s")
+            arr, fin = _shifted(item.get("arrival_s"), shift), _shifted(item.get("finish_s"), shift)
             if arr is not None:
                 m["arrival_s"] = arr if m["arrival_s"] is None else min(m["arrival_s"], arr)
             if fin is not None:
@@ -73,6 +86,19 @@ def merge_tasks(per_replica: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]) 
         if not m["done"]:
             m["done_reason"] = None
     return merged
+
+
+def _shifted(t: Any, shift_s: float) -> float | None:
+    return t + shift_s if isinstance(t, int | float) and not isinstance(t, bool) else None
+
+
+def _common_clock(live: Sequence[tuple[int, Mapping[str, Any]]]) -> list[ReplicaTasks]:
+    """Each live replica's tasks with the shift onto the latest-reading replica's clock (none
+    for a replica that reports no clock)."""
+    clocks = {i: s["now_s"] for i, s in live if isinstance(s.get("now_s"), int | float)}
+    ref = max(clocks.values(), default=0.0)
+    return [ReplicaTasks(i, (s.get("tasks") or {}).get("items") or [], ref - clocks[i] if i in clocks else 0.0)
+            for i, s in live]
 
 
 def _merge_stage(into: dict[str, Any], stage: Mapping[str, Any]) -> None:
@@ -112,7 +138,7 @@ def _sum_counters(dicts: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 def aggregate_stats(answers: Sequence[ReplicaAnswer]) -> dict[str, Any]:
     """The cluster view: totals, cluster-wide JCT, split tasks, and each replica's summary."""
     live = [(i + 1, a.body) for i, a in enumerate(answers) if a.ok and isinstance(a.body, Mapping)]
-    tasks = merge_tasks([(i, (s.get("tasks") or {}).get("items") or []) for i, s in live])
+    tasks = merge_tasks(_common_clock(live))
     split = sorted(tid for tid, t in tasks.items() if len(set(t["replicas"])) > 1)
     clocks = [s["now_s"] for _, s in live if isinstance(s.get("now_s"), (int, float))]
     replicas = []
