@@ -85,6 +85,42 @@ def test_another_suites_file_is_refused(full_run: Path, tmp_path: Path, over: di
     assert not (tmp_path / "x.json").exists()
 
 
+def test_a_profile_with_the_same_name_and_other_values_is_refused(full_run: Path, tmp_path: Path) -> None:
+    """Only the name was compared: a calibrated or edited profile keeps its file's name, and a 5x
+    slower GPU named like the A100 reused the A100's baselines (every verdict wrong)."""
+    import yaml
+
+    from topas_agents.costmodel import load_profile
+
+    src = Path(__file__).parents[1] / "topas_agents" / "profiles" / "a100-80g-qwen2.5-32b.yaml"
+    data = yaml.safe_load(src.read_text())
+    data["tm_s"] = 0.2
+    slow = tmp_path / "edited" / "a100-80g-qwen2.5-32b.yaml"
+    slow.parent.mkdir()
+    slow.write_text(yaml.safe_dump(data))
+    assert load_profile(slow).name == "a100-80g-qwen2.5-32b" and load_profile(slow).tm_s == 0.2
+    with pytest.raises(ConfigError, match="differs from this suite's in tm_s"):
+        run_suite_cli(_args(tmp_path, "x.json", reuse=str(full_run), profile=str(slow)))
+    # a file written before the values were stored: a built-in's name stands for its values
+    old = _tampered(full_run, tmp_path, lambda doc: doc.pop("profile_values"))
+    assert run_suite_cli(_args(tmp_path, "y.json", reuse=old)) == 0
+    with pytest.raises(ConfigError, match="differs from this suite's in tm_s"):
+        run_suite_cli(_args(tmp_path, "z.json", reuse=old, profile=str(slow)))
+
+
+def test_host_tier_setups_that_give_the_baselines_the_same_tier_are_reusable(tmp_path: Path) -> None:
+    """The labels were compared: the default (the profile's tier, on for the A100) and `all`,
+    or `none` and `paper`, give every baseline the same tier and their runs are the same."""
+    from topas_agents.bench.hosttier import ALL, NONE, PAPER
+
+    assert run_suite_cli(_args(tmp_path, "none.json", host_tier=NONE)) == 0
+    assert run_suite_cli(_args(tmp_path, "paper.json", host_tier=PAPER, reuse=str(tmp_path / "none.json"))) == 0
+    with pytest.raises(ConfigError, match="host tier"):
+        run_suite_cli(_args(tmp_path, "all.json", host_tier=ALL, reuse=str(tmp_path / "none.json")))
+    assert run_suite_cli(_args(tmp_path, "default.json")) == 0
+    assert run_suite_cli(_args(tmp_path, "all2.json", host_tier=ALL, reuse=str(tmp_path / "default.json"))) == 0
+
+
 def test_changed_workflow_or_options_are_refused(full_run: Path, tmp_path: Path) -> None:
     def grow_prefix(doc: dict) -> None:
         doc["workflows"][1]["workflow"]["agents"][0]["prefix_tokens"] += 1

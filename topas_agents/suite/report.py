@@ -12,6 +12,7 @@ from typing import Any
 from ..bench.options import options_record
 from .generate import workflow_to_dict, workflow_to_yaml
 from .ratios import METRICS, Ratio, worst_load
+from .reuse import profile_record
 from .runner import KEPT_METRICS, SuiteConfig, WorkflowResult
 
 # A ratio above this counts as a loss: 2% is about the seed-to-seed noise of a 60-task
@@ -242,7 +243,8 @@ def result_json(results: Sequence[WorkflowResult], config: SuiteConfig, worst: S
     policy = primary(config)
     return {
         "suite": "random", "gen_seed": config.gen_seed, "seeds": list(config.seeds), "loads": list(config.loads),
-        "tasks": config.tasks, "profile": config.profile.name, "kv_budget": config.budget,
+        "tasks": config.tasks, "profile": config.profile.name, "profile_values": profile_record(config.profile),
+        "kv_budget": config.budget,
         "host_tier": getattr(config.host_tier, "label", config.host_tier),
         "policies": list(config.policies),
         "policy_options": options_record(config.policy_options),

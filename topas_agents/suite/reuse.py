@@ -6,8 +6,8 @@ load, the task count, the profile, the KV budget, the host tier and their own op
 load's trace is drawn from the seed and the rate alone), so a run already in a suite JSON of
 the same suite is the run this suite would make. What is checked before anything is reused:
 
-* the file is a random-suite JSON with the same generator seed, task count, profile, KV
-  budget and host tier;
+* the file is a random-suite JSON with the same generator seed, task count, profile (name
+  and every value), KV budget, and host tier for each baseline;
 * every stored workflow that this suite generates under the same name is the same workflow
   (a generator change would otherwise pair new workflows with old runs);
 * each reused baseline ran with the same options (`--policy-opt`) as now.
@@ -19,13 +19,17 @@ written is not detected, so the JSON says which file the baselines came from.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..bench.hosttier import parse_host_tier, resolve_host_tier
 from ..bench.options import options_record
+from ..costmodel import Profile, load_profile
 from ..errors import ConfigError
+from ..policies import available_policies
 from .generate import GeneratedWorkflow, workflow_to_dict
 
 # job key (workflow index, arrival seed) -> load -> baseline -> kept metrics
@@ -48,17 +52,59 @@ def _read(path: Path) -> dict[str, Any]:
 
 def _check_setup(doc: Mapping[str, Any], path: Path, config: Any) -> None:
     want = {"gen_seed": config.gen_seed, "tasks": config.tasks, "profile": config.profile.name,
-            "kv_budget": config.budget, "host_tier": getattr(config.host_tier, "label", config.host_tier)}
+            "kv_budget": config.budget}
     for key, value in want.items():
         if doc.get(key) != value:
             raise ConfigError(f"--reuse {path}: its {key} is {doc.get(key)!r}, this suite's is {value!r}; "
                               "only runs of the same suite can be reused")
+    _check_profile_values(doc, path, config.profile)
+    _check_host_tier(doc, path, config)
     stored = doc.get("policy_options") or {}
     current = options_record(config.policy_options)
     for policy in config.baselines:
         if stored.get(policy) != current.get(policy):
             raise ConfigError(f"--reuse {path}: {policy} ran with options {stored.get(policy) or {}}, "
                               f"here {current.get(policy) or {}}")
+
+
+def profile_record(profile: Profile) -> dict[str, Any]:
+    """Every field of the cost profile, as the suite JSON stores it (`profile_values`)."""
+    return dataclasses.asdict(profile)
+
+
+def _check_profile_values(doc: Mapping[str, Any], path: Path, profile: Profile) -> None:
+    """The same cost model, not just the same name: a calibrated or edited profile keeps its
+    file's name (a 5x slower GPU under the A100's name was reused, and every verdict was
+    wrong). A file written before the values were stored holds a built-in's name: its values."""
+    stored = doc.get("profile_values")
+    if stored is None:
+        try:
+            stored = profile_record(load_profile(str(doc.get("profile"))))
+        except (ConfigError, OSError):
+            raise ConfigError(f"--reuse {path}: it does not record its profile's values; rerun it") from None
+    current = json.loads(json.dumps(profile_record(profile)))
+    if not isinstance(stored, dict) or stored != current:
+        diff = sorted(k for k in current if not isinstance(stored, dict) or stored.get(k) != current[k])
+        raise ConfigError(f"--reuse {path}: its profile {doc.get('profile')!r} differs from this suite's in "
+                          f"{', '.join(diff) or 'its fields'}; only runs on the same cost model can be reused")
+
+
+def _check_host_tier(doc: Mapping[str, Any], path: Path, config: Any) -> None:
+    """Each baseline has the host tier there as here (`paper` and `none` give them the same,
+    and no `--host-tier` is the profile's default for everyone)."""
+    def tiers(label: Any) -> dict[str, bool]:
+        setup = parse_host_tier(label, available_policies()) if isinstance(label, str) else label
+        tier = resolve_host_tier(setup, config.profile.host_tier)
+        return {b: tier.has(b) for b in config.baselines}
+
+    try:
+        stored = tiers(doc.get("host_tier"))
+    except ConfigError:
+        raise ConfigError(f"--reuse {path}: its host_tier {doc.get('host_tier')!r} is not a setup") from None
+    current = tiers(config.host_tier)
+    if stored != current:
+        raise ConfigError(f"--reuse {path}: its baselines ran with the host tier {stored}, here {current} "
+                          f"(--host-tier {doc.get('host_tier')!r} there); only runs of the same setup can be reused")
 
 
 def _same_workflow(stored: Any, gen: GeneratedWorkflow) -> bool:
