@@ -59,25 +59,48 @@ def test_tiny_suite_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
         assert set(case["detail"]) == {"topas", "lpm"}
 
 
-def test_worst_case_replay_command_reproduces_the_suite_runs(tmp_path: Path) -> None:
+def _edited_profile(tmp: Path) -> str:
+    """The A100 profile with a slower weight read, in a file under the built-in's name."""
+    import yaml
+
+    data = yaml.safe_load((Path(__file__).parents[1] / "topas_agents/profiles/a100-80g-qwen2.5-32b.yaml").read_text())
+    data["tm_s"] = data["tm_s"] * 1.5
+    path = tmp / "profiles" / "a100-80g-qwen2.5-32b.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(data))
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+@pytest.mark.parametrize("setup", ["defaults", "options"])
+def test_worst_case_replay_command_reproduces_the_suite_runs(tmp_path: Path, setup: str) -> None:
     """The worst case's ratio is averaged over the suite's arrival seeds, so its YAML's replay
-    command must run every one of them, and running it gives the suite's own numbers."""
+    command must run every one of them, and running it gives the suite's own numbers. Also
+    with a profile file, a host-tier setup and policy options, which the command left out
+    (and it named the profile file by its name, an unknown built-in)."""
+    import shlex
+
+    from topas_agents.bench.hosttier import NONE
     from topas_agents.cli import main
 
-    run_suite_cli(_args(tmp_path, workflows=1, seeds=(1, 2)))
+    judged = "topas" if setup == "defaults" else "topas-core"
+    extra = {} if setup == "defaults" else {"profile": _edited_profile(tmp_path), "host_tier": NONE,
+                                             "policies": ("lpm", judged), "policy_opt": ["topas-core.beta=0.25"]}
+    run_suite_cli(_args(tmp_path, workflows=1, seeds=(1, 2), **extra))
     doc = json.loads((tmp_path / "out.json").read_text())
     case = doc["worst"][0]
     text = Path(case["yaml"]).read_text()
     command = next(line.strip() for line in text.splitlines() if "topas bench --workload" in line)
     command = command.lstrip("# ").strip()
     assert "--seeds 1,2" in command and "--seed " not in command
-    argv = command.split()[1:] + ["--json", str(tmp_path / "replay.json"), "--no-progress", "--jobs", "1"]
+    if setup == "options":
+        assert "--host-tier none" in command and "--policy-opt topas-core.beta=0.25" in command
+    argv = shlex.split(command)[1:] + ["--json", str(tmp_path / "replay.json"), "--no-progress", "--jobs", "1"]
     assert main(argv) == 0
     replay = json.loads((tmp_path / "replay.json").read_text())
     runs = doc["workflows"][0]["runs"]
     for seed_doc in replay["per_seed"]:
         (point,) = seed_doc["points"]
-        for policy in ("lpm", "topas"):
+        for policy in ("lpm", judged):
             assert point["results"][policy]["mean_jct"] == pytest.approx(
                 runs[str(seed_doc["seed"])]["0.5"][policy]["mean_jct"])
 

@@ -72,6 +72,7 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
         jobs=int(getattr(args, "jobs", None) or 1),
         progress=not getattr(args, "no_progress", False) and sys.stderr.isatty(),
         reuse=Path(args.reuse) if getattr(args, "reuse", None) else None,
+        profile_arg=getattr(args, "profile", None),
     )
 
 

@@ -4,6 +4,7 @@ and the JSON document."""
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,12 +113,34 @@ def case_detail(case: WorstCase, policy: str) -> dict[str, Any]:
 def replay_command(case: WorstCase, path: Path, config: SuiteConfig, policy: str) -> str:
     """Every arrival seed of the suite: the worst case's ratio is seed-averaged, so one seed's
     run does not reproduce it (`--seeds` runs each seed and prints each seed's table)."""
-    pols = ",".join(dict.fromkeys((*config.baselines, policy)))
     seeds = sorted(config.seeds)
     seed_arg = f"--seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else f"--seed {seeds[0]}"
-    budget = f" --kv-budget {config.kv_budget}" if config.kv_budget is not None else ""
-    return (f"topas bench --workload {path} --policies {pols} --load {case.at.load:g} "
-            f"--tasks {config.tasks} {seed_arg} --profile {config.profile.name}{budget}")
+    return _bench_command(path, config, policy, case.at.load, seed_arg)
+
+
+def _bench_command(path: Path, config: SuiteConfig, policy: str, load: float, seed_arg: str) -> str:
+    """`topas bench` on one workflow as the suite ran it: its profile as given (a YAML path made
+    absolute), KV budget, host tier and the replayed policies' options (the replay left these
+    out, and a run with options or another tier did not reproduce)."""
+    pols = tuple(dict.fromkeys((*config.baselines, policy)))
+    profile = config.profile_arg or config.profile.name
+    if Path(profile).suffix in (".yaml", ".yml"):
+        profile = str(Path(profile).resolve())
+    args = ["--workload", str(path), "--policies", ",".join(pols), "--load", f"{load:g}",
+            "--tasks", str(config.tasks), *seed_arg.split(), "--profile", profile]
+    if config.kv_budget is not None:
+        args += ["--kv-budget", str(config.kv_budget)]
+    tier = config.host_tier
+    if tier is False:
+        args.append("--no-host-tier")
+    elif tier is True:
+        args += ["--host-tier", "all"]
+    elif tier is not None:
+        args += ["--host-tier", tier.label]
+    for name, opts in options_record(config.policy_options).items():
+        if name in pols:
+            args += [a for k, v in opts.items() for a in ("--policy-opt", f"{name}.{k}={v}")]
+    return "topas bench " + shlex.join(args)
 
 
 def write_worst(cases: Sequence[WorstCase], directory: Path, config: SuiteConfig, policy: str) -> list[Path]:
@@ -159,11 +182,8 @@ def write_failed(fails: Sequence[Failure], directory: Path, config: SuiteConfig,
         if f.policy != policy or name in paths:
             continue
         path = paths[name] = directory / f"{name}.yaml"
-        pols = ",".join(dict.fromkeys((*config.baselines, policy)))
-        budget = f" --kv-budget {config.kv_budget}" if config.kv_budget is not None else ""
         header = (f"{policy} FAILED on this random-suite workflow at load {f.load:g}, seed {f.seed}: {f.error}\n"
-                  f"Replay:\n  topas bench --workload {path} --policies {pols} --load {f.load:g} --tasks "
-                  f"{config.tasks} --seed {f.seed} --profile {config.profile.name}{budget}")
+                  f"Replay:\n  {_bench_command(path, config, policy, f.load, f'--seed {f.seed}')}")
         path.write_text(workflow_to_yaml(f.result.gen.workflow, header))
     return list(paths.values())
 

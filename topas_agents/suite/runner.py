@@ -42,6 +42,7 @@ class SuiteConfig:
     jobs: int = 1
     progress: bool = False
     reuse: Path | None = None  # an earlier suite JSON whose baseline runs are taken (suite.reuse)
+    profile_arg: str | None = None  # --profile as given (a name, or a YAML path): replay commands name it
 
     @property
     def budget(self) -> int:
