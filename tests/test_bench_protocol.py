@@ -197,6 +197,25 @@ def test_paper_protocol_defaults():
     assert PROTOCOLS["paper"].rates_for("dag4") == ()
 
 
+def test_paper_rates_go_to_the_paper_workflow_not_to_a_file_name(tmp_path):
+    """The rates were looked up by the file's name: a small workflow in chain3.yaml got chain3's
+    0.15 task/s (load 0.00004 for it), and chain3 itself copied to another name got none."""
+    from topas_agents.workflow import builtin_workflow_dir
+
+    (tmp_path / "x").mkdir()
+    tiny = tmp_path / "x" / "chain3.yaml"
+    tiny.write_text("name: tiny\nagents: [{name: a, prefix_tokens: 100}]\n"
+                    "stages: [{name: s, agent: a, input_tokens: 10, output_tokens: 10}]\n")
+    copy = tmp_path / "c3copy.yaml"
+    copy.write_text((builtin_workflow_dir() / "chain3.yaml").read_text())
+    assert _args("--workload", str(tiny), "--protocol", "paper").extra_rates == ()
+    assert _args("--workload", str(copy), "--protocol", "paper").extra_rates == (0.15,)
+    changed = tmp_path / "c3changed.yaml"
+    changed.write_text(copy.read_text().replace("input_tokens: 512", "input_tokens: 513", 1))
+    assert "input_tokens: 513" in changed.read_text()
+    assert _args("--workload", str(changed), "--protocol", "paper").extra_rates == ()
+
+
 @needs_sim
 def test_extra_rates_join_the_load_points_in_rate_order():
     from topas_agents.bench.jobs import SimBackend
