@@ -110,6 +110,9 @@ def test_fidelity_reports_mean_and_per_task_errors_and_ranking() -> None:
     assert f["ranking"] == {"real": ["topas", "lpm"], "sim": ["topas", "lpm"], "matches": True}
     assert f["goal"]["means_within"] is False and f["goal"]["met"] is False  # topas is 33% low
     assert task_errors({"a": 1.0}, {}) == {"n": 0}  # a task the simulator did not finish
+    # nothing compared (the real run was named "server"): no verdict; all([]) said "met"
+    none = fidelity({"server": {"a": 1.0}}, sim)
+    assert none["policies"] == {} and none["goal"]["met"] is None and none["ranking"]["matches"] is None
 
 
 def test_tc_comes_from_the_prefill_slope_or_if_noise_hid_it_from_decode_batches() -> None:

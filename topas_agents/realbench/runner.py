@@ -251,7 +251,12 @@ def _sim_and_fidelity(tasks: list[TaskPlan], policies: Sequence[str], profile: P
               f" (without call overhead {e.get('rel_error_without_call_overhead', float('nan')):+.1%});"
               f" per-task error p10/p50/p90 {te.get('p10', float('nan')):+.1%} / {te.get('p50', float('nan')):+.1%}"
               f" / {te.get('p90', float('nan')):+.1%}")
-    print(f"ranking real {fid['ranking']['real']} sim {fid['ranking']['sim']}; 10% goal met: {fid['goal']['met']}")
+    if not fid["policies"]:
+        print(f"nothing compared: no simulated policy ({', '.join(sim)}) is the real run ({', '.join(real_jcts)}); "
+              "with --server give the policy the server runs as the only --policies", file=sys.stderr)
+    else:
+        print(f"ranking real {fid['ranking']['real']} sim {fid['ranking']['sim']}; "
+              f"10% goal met: {fid['goal']['met']}")
     return {"sim": sim, "profile": dataclasses.asdict(profile), "fidelity": fid}
 
 
