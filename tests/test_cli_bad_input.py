@@ -47,8 +47,14 @@ def _profile(tmp_path: Path, text: str | bytes | None) -> str:
 
 
 def _field(name: str, value: str) -> str:
+    return _fields(**{name: value})
+
+
+def _fields(**values: str) -> str:
+    """The base profile with these fields' values replaced."""
     lines = BASE_PROFILE.splitlines()
-    return "\n".join(f"{name}: {value}" if line.startswith(f"{name}:") else line for line in lines) + "\n"
+    return "\n".join(next((f"{k}: {v}" for k, v in values.items() if line.startswith(f"{k}:")), line)
+                     for line in lines) + "\n"
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -61,6 +67,14 @@ def _field(name: str, value: str) -> str:
     (_field("kv_budget_tokens", "true"), "field 'kv_budget_tokens' must be an integer"),
     (_field("name", "''"), "field 'name' must be a non-empty string"),
     (_field("tm_s", "1e308"), "tm_s must be at most 10 s"),
+    # values each in range whose derived step times are not: an OverflowError traceback, a
+    # simulator that never ended, a misleading "arrival rate must be > 0"
+    (_field("kv_bytes_per_token", "1.0e300"), "a decode step over the whole KV budget"),
+    (_fields(tm_s="0", tc_s_per_token="0", lm_head_s="0", overhead_s="0", hbm_bytes_per_s="1.0e100"),
+     "a one-token forward step takes"),
+    (_field("attn_flops_per_s", "1.0e-300"), "a prefill of 8192 tokens"),
+    (_field("hbm_bytes_per_s", "1.0e-300"), "a decode step over the whole KV budget"),
+    (_field("swap_bytes_per_s", "1.0e-300"), "moving the whole KV budget"),
 ])
 def test_bad_profile_file(tmp_path, capsys, text, message):
     prof = _profile(tmp_path, text)

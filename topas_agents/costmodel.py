@@ -11,6 +11,7 @@ it plays), never by the engine or the policies' service estimates (docs/simulato
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, replace
@@ -167,7 +168,9 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE, **overrides: Any) -
     bad = sorted(set(overrides) - set(fields))
     if bad:
         raise ConfigError(f"unknown profile field '{bad[0]}'")
-    return replace(profile, **overrides) if overrides else profile
+    profile = replace(profile, **overrides) if overrides else profile
+    _check_step_times(profile, path)
+    return profile
 
 
 # Rates the cost model divides by: zero would make every step infinite.
@@ -178,6 +181,39 @@ _DIVISORS = ("hbm_bytes_per_s", "attn_flops_per_s", "swap_bytes_per_s")
 # capacity estimate and failed as "arrival rate must be > 0 tasks/s, got 0.0".
 MAX_TIME_S = 10.0
 _TIMES = ("tm_s", "tc_s_per_token", "lm_head_s", "overhead_s", "call_overhead_s")
+
+
+# A forward step of one token takes at least this long (the fastest real decode steps take
+# milliseconds). Below it the simulator counted steps into the astronomical: a profile with
+# every time 0 and a 1e100 B/s bandwidth hung it, and `topas serve` with it never answered.
+MIN_STEP_S = 1e-6
+# A decode step over the whole KV budget, a prefill of a SGLang chunk (8192 tokens) and moving
+# the whole budget over the host link each take at most this long; more is a unit error
+# (`kv_bytes_per_token: 1e300` made every step infinite: an OverflowError traceback).
+MAX_STEP_S = 600.0
+_CHUNK_TOKENS = 8192
+
+
+def _check_step_times(profile: Profile, path: Path) -> None:
+    """What the simulator derives from the values is a usable time (see MIN_STEP_S, MAX_STEP_S)."""
+    budget = profile.kv_budget_tokens
+    with contextlib.suppress(OverflowError):
+        shortest = profile.step_s(1, 0)
+        if not shortest >= MIN_STEP_S:
+            raise ConfigError(f"{path}: a one-token forward step takes {shortest:.3g} s under these values "
+                              f"(tm_s, tc_s_per_token, lm_head_s, overhead_s); it must be at least {MIN_STEP_S:g} s")
+        derived = {"a decode step over the whole KV budget (kv_bytes_per_token x kv_budget_tokens / "
+                   "hbm_bytes_per_s)": profile.decode_step_s(1, budget),
+                   f"a prefill of {_CHUNK_TOKENS} tokens (attn_flops_per_token_pair / attn_flops_per_s)":
+                       profile.prefill_s(_CHUNK_TOKENS),
+                   "moving the whole KV budget to or from the host (swap_bytes_per_s)":
+                       budget * profile.kv_bytes_per_token / profile.swap_bytes_per_s}
+        for what, seconds in derived.items():
+            if not (math.isfinite(seconds) and seconds <= MAX_STEP_S):
+                raise ConfigError(f"{path}: {what} takes {seconds:.3g} s under these values; "
+                                  f"at most {MAX_STEP_S:g} s is a real engine (a unit error?)")
+        return
+    raise ConfigError(f"{path}: the step times overflow under these values (a unit error?)")
 
 
 def _check_values(profile: Profile, path: Path) -> None:
