@@ -111,6 +111,12 @@ def test_bad_trace(tmp_path, capsys, lines, message):
     _fails(["bench", "--trace", _trace(tmp_path, lines), "--policies", "fcfs"], capsys, message)
 
 
+def test_seeds_over_a_recorded_trace_need_arrivals_to_draw(tmp_path, capsys):
+    """Each seed replayed the same recorded run: identical runs shown as a zero-width CI."""
+    trace = _trace(tmp_path, [json.dumps(_record()), json.dumps(_record(task_id="t2", t_submit=5.0, t_done=6.0))])
+    _fails(["bench", "--trace", trace, "--seeds", "0,1", "--policies", "fcfs"], capsys, "add --rate or --load")
+
+
 def test_far_arrivals_replay_when_redrawn(tmp_path, capsys):
     lines = [json.dumps(_record()), json.dumps(_record(task_id="t2", t_submit=1e9, t_done=1e9 + 1))]
     assert main(["bench", "--trace", _trace(tmp_path, lines), "--policies", "fcfs", "--rate", "0.1"]) == 0

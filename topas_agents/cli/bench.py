@@ -230,6 +230,11 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         args.tasks = args.tasks or proto.tasks
         if not (args.rate or args.load) and args.workload:
             args.extra_rates = proto.rates_for(_paper_workload(args.workload))
+    if args.trace and args.seeds and len(args.seeds) > 1 and not (args.rate or args.load):
+        # a recorded trace replays its own arrivals and sizes: the seeds drew nothing, and the
+        # identical runs were reported with a zero-width "confidence interval"
+        raise ConfigError("--seeds with --trace replays the recorded arrivals every time (each seed the same "
+                          "run); add --rate or --load to draw arrivals per seed")
     return args
 
 
