@@ -151,6 +151,12 @@ def test_plot_format_checked_before_the_run(tmp_path, capsys):
     (["serve", "--engine", "sglang", "--model-name", "m"],
      "--model-name applies to --engine sim only (this is --engine sglang); SGLang's own is `-- --served-model-name NAME`"),
     (["serve", "--engine", "sglang", "--drain-timeout", "5"], "--drain-timeout applies to --engine sim only"),
+    # the tier went to nobody that ran, without a word
+    (["bench", "--workload", "chain3", "--policies", "fcfs,lpm", "--host-tier", "topas"],
+     "--host-tier topas: topas not among --policies (fcfs, lpm)"),
+    (["bench", "--suite", "random", "--workflows", "100000"], "expected an integer in [1, 1000]"),
+    # a directory: figure_path wrote DIR.png beside it
+    (["bench", "--workload", "chain3", "--policies", "fcfs", "--plot", "."], "--plot .: is a directory"),
 ])
 def test_repeats_and_idle_flags(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)

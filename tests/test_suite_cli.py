@@ -25,6 +25,7 @@ def _args(tmp: Path, **over) -> argparse.Namespace:
 
 def test_tiny_suite_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_suite_cli(_args(tmp_path)) == 0
+    assert not (tmp_path / "worst" / "failed").exists()  # created only when something failed
     out = capsys.readouterr().out
     assert "random suite: 2 workflows x seeds 0 x loads 0.5, 10 tasks" in out
     for rule in ("paper", "per_load", "vs_lpm"):
@@ -162,6 +163,7 @@ def test_failed_policy_is_reported_not_fatal(tmp_path: Path, capsys: pytest.Capt
     finally:
         _REGISTRY.pop("never-suite-test", None)
     assert code == 1  # reported and written, but the suite is incomplete: no false success
+    assert not (tmp_path / "worst" / "failed").exists()  # only the judged policy's failures are written
     captured = capsys.readouterr()
     out = captured.out
     assert "FAILED runs (1" in out and "stalled" in out

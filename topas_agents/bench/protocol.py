@@ -67,12 +67,15 @@ class Limits:
       10 the queue only grows, so JCT measures the trace length, not the scheduler.
     - tasks: above 100000 one run takes hours in the simulator.
     - seeds: above 100 seeds per command, split the work (the CI narrows as 1/sqrt(n)).
+    - workflows (a random suite): each runs every policy at every load and seed; 1000 at the
+      defaults is days on two cores (split it over --suite-seed values instead).
     """
 
     rate: tuple[float, float] = (1e-4, 1e3)
     load: tuple[float, float] = (0.01, 10.0)
     tasks: tuple[int, int] = (1, 100_000)
     seeds: int = 100
+    workflows: tuple[int, int] = (1, 1000)
 
 
 LIMITS = Limits()

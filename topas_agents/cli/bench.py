@@ -31,7 +31,15 @@ from ..bench.protocol import LIMITS, PROTOCOLS, check_range
 from ..costmodel import DEFAULT_PROFILE, load_profile
 from ..errors import ConfigError
 from ..policies import BASELINES, available_policies
-from .args import check_output, model_name, non_negative_int, positive_float, positive_int, write_json
+from .args import (
+    check_output,
+    int_between,
+    model_name,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    write_json,
+)
 from .bench_modes import check_mode_flags
 
 DEFAULT_POLICIES = ",".join((*BASELINES, "topas"))
@@ -142,7 +150,8 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
 
 def _add_suite_options(p: argparse.ArgumentParser) -> None:
     """--suite's own flags (topas_agents.suite)."""
-    p.add_argument("--workflows", type=positive_int, default=20, help="--suite: random workflows (default 20)")
+    p.add_argument("--workflows", type=int_between(*LIMITS.workflows, " (bench.protocol.Limits)"), default=20,
+                   help="--suite: random workflows (default 20)")
     p.add_argument("--suite-seed", type=non_negative_int, default=None, metavar="N",
                    help="--suite: seed of the workflow generator (default: --seed; --seeds only sets "
                         "the arrival seeds, so a held-out suite is --suite-seed N --seeds ...)")
@@ -223,6 +232,12 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     args.policy_options = merge_options(options, parse_policy_opts(args.policy_opt, args.policies))
     if args.no_host_tier:
         args.host_tier = HostTier("none")
+    tier = args.host_tier
+    if isinstance(tier, HostTier) and tier.mode == "policies":
+        absent = [p for p in tier.policies if p not in args.policies]
+        if absent:  # it gave the tier to nobody that runs, without a word
+            raise ConfigError(f"--host-tier {tier.label}: {', '.join(absent)} not among --policies "
+                              f"({', '.join(args.policies)})")
     args.extra_rates = ()
     if args.protocol:
         proto = PROTOCOLS[args.protocol]
@@ -325,6 +340,8 @@ def _check_plot_format(path: Path) -> None:
 def _check_outputs(args: argparse.Namespace) -> None:
     """Every output path before the run (a run can take hours; failing after it loses it)."""
     check_output("--json", args.json)
+    if args.plot and Path(args.plot).is_dir():  # figure_path made /tmp into /tmp.png beside it
+        raise ConfigError(f"--plot {args.plot}: is a directory (give a file, such as {Path(args.plot) / 'jct.png'})")
     if args.plot:
         from ..bench.plots import figure_path
 

@@ -174,13 +174,14 @@ def failures(results: Sequence[WorkflowResult]) -> list[Failure]:
 
 
 def write_failed(fails: Sequence[Failure], directory: Path, config: SuiteConfig, policy: str) -> list[Path]:
-    """The YAML of every workflow on which `policy` failed, with the failing run's replay."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """The YAML of every workflow on which `policy` failed, with the failing run's replay
+    (`directory` is created only then)."""
     paths: dict[str, Path] = {}
     for f in fails:
         name = f.result.gen.workflow.name
         if f.policy != policy or name in paths:
             continue
+        directory.mkdir(parents=True, exist_ok=True)
         path = paths[name] = directory / f"{name}.yaml"
         header = (f"{policy} FAILED on this random-suite workflow at load {f.load:g}, seed {f.seed}: {f.error}\n"
                   f"Replay:\n  {_bench_command(path, config, policy, f.load, f'--seed {f.seed}')}")
