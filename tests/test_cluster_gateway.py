@@ -31,6 +31,7 @@ def cluster():
     finally:
         handle.stop()
     assert all(not child.alive() for child in handle.children)
+    assert handle.temporary_logs and not handle.log_dir.exists()  # a clean stop removes its own folder
 
 
 def _replica_calls(cluster) -> dict[str, list[tuple[int, dict]]]:

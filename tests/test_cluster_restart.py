@@ -3,6 +3,7 @@ in smg's rotation; and a replica that keeps dying is given up on after the polic
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 import time
@@ -113,3 +114,21 @@ def test_killed_replica_comes_back_with_its_workflows():
         assert _calls_on(url) > before, f"no call reached the restarted replica in {sent} calls"
         assert len(cluster.restarts) == 1
     assert all(not child.alive() for child in cluster.children)
+
+
+@pytest.mark.parametrize(("temporary", "failing", "kept"), [
+    (True, False, False),  # the launcher's own folder goes with a clean stop (hundreds piled up in /tmp)
+    (True, True, True),  # a stop after an error keeps what explains it
+    (False, False, True),  # a folder the caller gave (--log-dir) is theirs
+])
+def test_the_log_folder_outlives_the_cluster_only_when_it_may_be_needed(tmp_path, temporary, failing, kept):
+    from topas_agents.server.cluster.launcher import ClusterHandle
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    gateway = start_child("smg", (sys.executable, "-c", "import time; time.sleep(30)"), log_dir=logs)
+    handle = ClusterHandle(ClusterConfig(replicas=1), [], gateway, logs, temporary_logs=temporary)
+    with pytest.raises(RuntimeError) if failing else contextlib.nullcontext(), handle:
+        if failing:
+            raise RuntimeError("smg exited")
+    assert not gateway.alive() and logs.exists() == kept and handle.logs_kept == kept

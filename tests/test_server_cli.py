@@ -107,6 +107,9 @@ def test_a_second_ctrl_c_ends_the_drain_at_once_without_a_traceback() -> None:
         (["serve", "--replicas", "65"], "argument --replicas"),
         # a negative restart count was read as 0 (never restart) without a word
         (["serve", "--replicas", "2", "--replica-restarts", "-1"], "argument --replica-restarts"),
+        # replica-only options with one server did nothing, without a word
+        (["serve", "--router-policy", "agent"], "--router-policy applies to --replicas N (N > 1) only"),
+        (["serve", "--log-dir", "logs"], "--log-dir applies to --replicas N (N > 1) only"),
     ],
 )
 def test_user_errors_are_one_line_exit_2(argv, message, capsys) -> None:

@@ -34,6 +34,14 @@ def add_replica_options(p: argparse.ArgumentParser) -> None:
                    f"{_DEFAULT_RESTART.window_s:g} s, then leave it down (default %(default)s; 0: never restart)")
     g.add_argument("--smg-arg", action="append", default=[], metavar="ARG",
                    help="--replicas: an extra argument for `smg launch` (repeatable, e.g. --smg-arg=--log-level=info)")
+    g.add_argument("--log-dir", default=None, metavar="DIR",
+                   help="--replicas: write each child's log to DIR/<name>.log and keep them (default: a temporary "
+                   "folder, removed on a clean stop)")
+
+
+# Options only --replicas N > 1 reads (flag -> argparse dest): with one server they did nothing.
+REPLICA_ONLY = {"--router-policy": "router_policy", "--gpu-ids": "gpu_ids", "--replica-restarts": "replica_restarts",
+                "--smg-arg": "smg_arg", "--log-dir": "log_dir"}
 
 
 def _opt(out: list[str], flag: str, value: object) -> None:
@@ -79,7 +87,8 @@ def serve_from_args(args: argparse.Namespace, engine_args: Sequence[str] = ()) -
     return serve_replicas(args.replicas, port=args.port, host=args.host, engine=args.engine,
                           router_policy=args.router_policy, serve_args=replica_serve_args(args),
                           engine_args=tuple(engine_args), gpu_ids=gpu_ids,
-                          extra_smg_args=tuple(args.smg_arg or ()), restart=restart, **_front_drain(args))
+                          extra_smg_args=tuple(args.smg_arg or ()), restart=restart,
+                          log_dir=getattr(args, "log_dir", None), **_front_drain(args))
 
 
 def _front_drain(args: argparse.Namespace) -> dict[str, float]:

@@ -8,6 +8,7 @@ stopped together. `serve_replicas` is the blocking form behind `topas serve --re
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import socket
 import tempfile
@@ -48,6 +49,9 @@ class ClusterHandle:
     gateway: Child
     log_dir: Path
     supervisor: Supervisor | None = None  # restarts dead replicas (None: config.restart.enabled off)
+    # log_dir is the launcher's own temporary folder: removed by a clean stop (one that follows
+    # no exception and no replica death); every run left one in /tmp, hundreds of them
+    temporary_logs: bool = False
     _front: uvicorn.Server | None = field(default=None, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
@@ -71,9 +75,10 @@ class ClusterHandle:
         # smg first: it stops taking calls while the replicas drain what they have
         return [self.gateway, *self.replicas]
 
-    def stop(self) -> None:
+    def stop(self, keep_logs: bool = False) -> None:
         """Stop the front (calls in flight through it get `drain_timeout_s` to finish), then smg
-        and every replica (drain, then SIGKILL what is left). `force()` cuts both waits short."""
+        and every replica (drain, then SIGKILL what is left). `force()` cuts both waits short.
+        A temporary log folder goes too, unless `keep_logs` or a replica died meanwhile."""
         if self._stopped:
             return
         self._stopped = True
@@ -83,6 +88,13 @@ class ClusterHandle:
             self._front.should_exit = True
             self._thread.join(self.config.drain_timeout_s + _FRONT_EXIT_SLACK_S)
         stop_children(self.children, _FORCED_STOP_S if self._forced else self.config.stop_timeout_s)
+        if self.temporary_logs and not keep_logs and not self.restarts:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    @property
+    def logs_kept(self) -> bool:
+        """Whether the log folder outlives the cluster (given by the caller, or kept by `stop`)."""
+        return self.log_dir.exists()
 
     def force(self) -> None:
         """A second Ctrl-C: end the front's drain now and give the children a short stop."""
@@ -93,8 +105,8 @@ class ClusterHandle:
     def __enter__(self) -> ClusterHandle:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.stop(keep_logs=exc_type is not None)
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -202,6 +214,7 @@ def start_cluster(config: ClusterConfig, *, log_dir: Path | None = None,
     if config.engine == "sglang":
         require_sglang()
     _check_ports(config)
+    temporary = log_dir is None
     log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="topas-cluster-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     started: list[Child] = []
@@ -214,7 +227,7 @@ def start_cluster(config: ClusterConfig, *, log_dir: Path | None = None,
         gateway = start_child("smg", smg_argv(config), log_dir=log_dir, env=smg_env(config))
         started.append(gateway)
         _wait_gateway(config, gateway, deadline)
-        handle = ClusterHandle(config, started[:-1], gateway, log_dir)
+        handle = ClusterHandle(config, started[:-1], gateway, log_dir, temporary_logs=temporary)
         handle._front, handle._thread, front = _start_front(config)
     except BaseException:
         stop_children(started, 5.0)
@@ -267,17 +280,22 @@ def serve_replicas(replicas: int, **kw: Any) -> int:
             print(f"topas: replica-{e.replica} (pid {e.old_pid}, exit {e.exit_code}) {e.outcome}: {e.detail}",
                   flush=True)
 
-        with run_replicas(replicas, on_restart=report, **kw) as cluster:
-            running.append(cluster)
+        cluster = run_replicas(replicas, on_restart=report, **kw)
+        running.append(cluster)
+        with cluster:
             c = cluster.config
+            kept = "" if not cluster.temporary_logs else " (removed on a clean stop; --log-dir DIR keeps them)"
             print(f"topas: {c.replicas} {c.engine} replicas behind smg {smg_version()} "
-                  f"(policy {c.router_policy}); OpenAI base URL {cluster.url}; logs in {cluster.log_dir}",
+                  f"(policy {c.router_policy}); OpenAI base URL {cluster.url}; logs in {cluster.log_dir}{kept}",
                   flush=True)
             while not stop.wait(0.5):
-                dead = [ch.name for ch in cluster.children if not ch.alive()]
-                if cluster.gateway.name in dead:
-                    raise TopasError(f"smg exited:\n{cluster.gateway.tail()}")
+                if not cluster.gateway.alive():
+                    raise TopasError(f"smg exited with status {cluster.gateway.proc.returncode}; its log "
+                                     f"({cluster.log_dir / 'smg.log'}) ends:\n{cluster.gateway.tail()}")
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        for cluster in running:
+            if cluster.temporary_logs and cluster.logs_kept:
+                print(f"topas: logs kept in {cluster.log_dir}", flush=True)
     return 0

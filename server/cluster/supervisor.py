@@ -209,9 +209,10 @@ class Supervisor:
         return accepted, len(regs)
 
     def _record(self, event: RestartEvent) -> None:
-        level = logging.INFO if event.outcome == "restarted" else logging.WARNING
-        log.log(level, "replica-%d (pid %d, exit %s): %s, %s", event.replica, event.old_pid,
-                event.exit_code, event.outcome, event.detail)
+        if self._on_event is None:  # a listener says it itself (`topas serve` printed each failure twice)
+            level = logging.INFO if event.outcome == "restarted" else logging.WARNING
+            log.log(level, "replica-%d (pid %d, exit %s): %s, %s", event.replica, event.old_pid,
+                    event.exit_code, event.outcome, event.detail)
         with self._changed:
             self.events.append(event)
             self._changed.notify_all()

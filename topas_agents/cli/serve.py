@@ -86,6 +86,12 @@ def check_mode_flags(args: argparse.Namespace) -> None:
             own = _SGLANG_OWN.get(flag) if args.engine == "sglang" else None
             hint = f"; SGLang's own is `-- {own}`" if own else ""
             raise ConfigError(f"{flag} applies to --engine {engine} only (this is --engine {args.engine}){hint}")
+    if args.replicas == 1 and getattr(args, "given", None) is not None:  # defaults are not "given"
+        from ..server.cluster.cli import REPLICA_ONLY
+
+        flag = next((f for f, dest in REPLICA_ONLY.items() if _given(args, f, dest)), None)
+        if flag is not None:
+            raise ConfigError(f"{flag} applies to --replicas N (N > 1) only")
     if args.replay_file is not None and args.responder != "replay":
         raise ConfigError(f"--replay-file applies to --responder replay only (this is --responder {args.responder})")
 
