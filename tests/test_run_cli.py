@@ -143,6 +143,39 @@ def test_a_base_url_without_v1_is_a_one_line_error_before_any_call(tmp_path, cap
     assert time.monotonic() - t0 < 10 and "Traceback" not in err
 
 
+def test_a_server_that_dies_mid_run_fails_the_run_in_seconds(tmp_path, capsys):
+    """MetaGPT's nested retries (6 x 6 attempts, 1-60 s apart) took 209 s to give up on a server
+    that died mid-run; a connection error that a probe confirms is ServerGoneError, not retried."""
+    import threading
+
+    import httpx
+
+    from topas_agents.server import ServerConfig, start_server_in_thread
+
+    handle = start_server_in_thread(ServerConfig(time_scale=20, workflows=("metagpt-tl",)))
+
+    def stop_after_some_calls() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if httpx.get(f"{handle.url}/topas/stats").json()["requests"]["calls_by_status"]:
+                break
+            time.sleep(0.1)
+        handle.stop()
+
+    killer = threading.Thread(target=stop_after_some_calls)
+    killer.start()
+    t0 = time.monotonic()
+    try:
+        rc = main(["run", "tl", "--dataset", "softwaredev", "--limit", "1", "--server", handle.url,
+                   "--root", str(tmp_path)])  # MetaGPT's own retry settings, as a user runs it
+    finally:
+        killer.join()
+        handle.stop()
+    err = capsys.readouterr().err
+    assert rc == 1 and "stopped answering" in err, err[-2000:]
+    assert time.monotonic() - t0 < 60
+
+
 def test_a_server_refusing_the_key_is_a_one_line_error(tmp_path, capsys):
     from topas_agents.server import ServerConfig, start_server_in_thread
 
@@ -185,3 +218,19 @@ def test_server_info_gives_the_jct_unit_and_the_artifacts_note():
     assert sim.artifacts_note == "templates from the simulated engine's echo responder, not real code"
     assert ServerInfo(engine="sim", responder="replay", time_scale=1.0).artifacts_note is None  # recorded replies
     assert ServerInfo(engine="sglang", time_scale=1.0).artifacts_note is None
+
+
+async def test_the_server_watch_tells_a_dead_server_from_a_blip():
+    from topas_agents.integrations.metagpt.server_gone import ServerGoneError, ServerWatch
+    from topas_agents.server import ServerConfig, start_server_in_thread
+
+    watch, blip = ServerWatch(), ConnectionError("reset")
+    with start_server_in_thread(ServerConfig(time_scale=400)) as handle:
+        assert await watch.after_connection_error(handle.url, blip) is blip  # the probe connects
+        watch.check(handle.url)
+    gone = await watch.after_connection_error(handle.url + "/", blip)  # stopped: nothing listens
+    assert isinstance(gone, ServerGoneError) and "stopped answering" in str(gone)
+    with pytest.raises(ServerGoneError):
+        watch.check(handle.url)  # every later call, at once
+    watch.forget(handle.url)
+    watch.check(handle.url)

@@ -17,7 +17,7 @@ import contextlib
 import importlib
 from collections.abc import Iterator
 
-from tenacity import stop_after_attempt, wait_fixed
+from tenacity import RetryCallState, stop_after_attempt, wait_fixed
 
 from topas_agents.errors import ConfigError
 
@@ -68,3 +68,38 @@ def fast_retries(attempts: int = 1, wait_s: float = 0.0) -> Iterator[None]:
             for r, stop, wait in _active["saved"]:  # type: ignore[union-attr]
                 r.stop, r.wait = stop, wait
             _active["saved"] = _active["setting"] = None
+
+
+_never: dict[str, object] = {"depth": 0, "saved": None}
+
+
+@contextlib.contextmanager
+def never_retry(*exc_types: type[BaseException]) -> Iterator[None]:
+    """MetaGPT does not retry an exception of `exc_types` inside the block (`ServerGoneError`:
+    retrying a server that stopped answering took minutes). Re-entrant like `fast_retries`
+    (one setting for all concurrent runs); each target's own predicate applies otherwise."""
+    if not _never["depth"]:
+        objects = [_retrying(*t) for t in TARGETS]
+        _never["saved"] = [(r, r.retry) for r in objects]
+        for r in objects:
+            r.retry = _unless(exc_types, r.retry)
+    _never["depth"] += 1  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        _never["depth"] -= 1  # type: ignore[operator]
+        if not _never["depth"]:
+            for r, retry in _never["saved"]:  # type: ignore[union-attr]
+                r.retry = retry
+            _never["saved"] = None
+
+
+def _unless(exc_types: tuple[type[BaseException], ...], retry: object) -> object:
+    def decide(state: RetryCallState) -> bool:
+        outcome = state.outcome
+        if outcome is not None and outcome.failed and isinstance(outcome.exception(), exc_types):
+            return False
+        return bool(retry(state))  # type: ignore[operator]
+
+    return decide
+

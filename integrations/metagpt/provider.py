@@ -35,12 +35,14 @@ from metagpt.configs.llm_config import LLMConfig, LLMType
 from metagpt.const import USE_CONFIG_TIMEOUT
 from metagpt.provider.llm_provider_registry import LLM_REGISTRY
 from metagpt.provider.openai_api import OpenAILLM
+from openai import APIConnectionError
 
 from topas_agents.integrations.openai_client import with_label
 from topas_agents.labels import Label, current_label
 from topas_agents.server.tokens import count_tokens
 
 from .layout import Shaped, keep, restructure
+from .server_gone import WATCH
 
 if TYPE_CHECKING:
     from .recorder import CallRecorder
@@ -99,18 +101,35 @@ class TopasOpenAILLM(OpenAILLM):
         return with_label(kwargs, lab)
 
     async def _achat_completion(self, messages: list[dict], timeout: int = USE_CONFIG_TIMEOUT) -> Any:
+        WATCH.check(self.config.base_url)
         t_submit = self._clock()
-        rsp = await super()._achat_completion(messages, timeout=timeout)
+        try:
+            rsp = await super()._achat_completion(messages, timeout=timeout)
+        except APIConnectionError as exc:
+            await self._raise_if_gone(exc)
+            raise
         usage = rsp.usage
         self._record(t_submit, getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None),
                      self.get_choice_text(rsp))
         return rsp
 
     async def _achat_completion_stream(self, messages: list[dict], timeout: int = USE_CONFIG_TIMEOUT) -> str:
+        WATCH.check(self.config.base_url)
         t_submit = self._clock()
-        text = await super()._achat_completion_stream(messages, timeout=timeout)
+        try:
+            text = await super()._achat_completion_stream(messages, timeout=timeout)
+        except APIConnectionError as exc:
+            await self._raise_if_gone(exc)
+            raise
         self._record(t_submit, None, None, text)
         return text
+
+    async def _raise_if_gone(self, exc: APIConnectionError) -> None:
+        """`ServerGoneError` (server_gone.py) when the server stopped answering; else the caller
+        re-raises `exc` for MetaGPT's retries."""
+        gone = await WATCH.after_connection_error(self.config.base_url, exc)
+        if gone is not exc:
+            raise gone from exc
 
     def _record(self, t_submit: float, prompt_tokens: int | None, completion_tokens: int | None,
                 text: str | None) -> None:

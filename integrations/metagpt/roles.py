@@ -93,9 +93,13 @@ _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b.
 def describe_error(exc: BaseException) -> str:
     """One line naming the root error. MetaGPT re-raises role errors as
     `Exception(<formatted traceback>)` and wraps parse failures in tenacity RetryErrors:
-    report the first non-retry error line of that text (else its last line)."""
+    report the first non-retry error line of that text (else its last line), or the line that
+    says the server stopped answering (server_gone.py), which says more than its root cause."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     errors = [ln for ln in lines if _ERROR_LINE.match(ln) and not ln.startswith("tenacity.RetryError")]
+    gone = next((ln for ln in errors if ln.split(":", 1)[0].endswith("ServerGoneError")), None)
+    if gone is not None:
+        return gone[:500]
     if errors:
         return errors[0][:500]
     text = lines[-1] if lines else ""

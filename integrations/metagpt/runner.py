@@ -40,11 +40,12 @@ from topas_agents.workflow import Workflow, load_workflow
 
 from .config_file import DEFAULT_API_KEY, DEFAULT_MODEL, DEFAULT_ROOT
 from .context import artifacts_dir, metagpt_context, project_dir, project_name_for
-from .patches import fast_retries
+from .patches import fast_retries, never_retry
 from .provider import ProviderOptions, TopasOpenAILLM
 from .recorder import CallRecord, CallRecorder
 from .roles import StageMap, describe_error, make_role
 from .sandbox import SandboxContext, sandbox, sandbox_available
+from .server_gone import WATCH, ServerGoneError
 from .team_leader import TeamLeader, wire_star
 
 WorkflowKind = Literal["sop", "tl"]
@@ -247,7 +248,8 @@ async def run_tasks(specs: Sequence[TaskSpec], options: RunOptions, recorder: Ca
 
     retries = (fast_retries(options.parse_retries, options.retry_wait_s) if options.parse_retries
                else contextlib.nullcontext())
-    with retries:
+    WATCH.forget(options.base_url)  # a new run starts from a live server (its probe passed)
+    with retries, never_retry(ServerGoneError):
         return list(await asyncio.gather(*(one(s, a) for s, a in zip(specs, arrivals, strict=True))))
 
 
