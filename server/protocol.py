@@ -82,6 +82,11 @@ class ParsedCall:
         return "\n".join(m.content for m in self.messages)
 
 
+# Chat content parts OpenAI defines besides text: taken, adding no text (the simulated engine
+# serves text; a multimodal call that SGLang would serve must not be refused here).
+_MEDIA_PARTS = ("image_url", "input_audio", "file", "refusal", "audio")
+
+
 def _content_text(content: Any, i: int) -> str:
     if content is None:
         return ""
@@ -98,6 +103,9 @@ def _content_text(content: Any, i: int) -> str:
                     raise bad_request(f"messages[{i}].content[{j}].text must be a string",
                                       f"messages[{i}].content")
                 parts.append(part["text"])
+            elif part["type"] not in _MEDIA_PARTS:  # an unknown type was served as an empty prompt
+                raise bad_request(f"messages[{i}].content[{j}].type {part['type'][:40]!r} is not a chat content "
+                                  f"part (text, {', '.join(_MEDIA_PARTS)})", f"messages[{i}].content")
         return "".join(parts)
     raise bad_request(f"messages[{i}].content must be a string or a list of parts", f"messages[{i}].content")
 

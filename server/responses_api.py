@@ -42,6 +42,11 @@ def chat_body(body: Mapping[str, Any]) -> dict[str, Any]:
         if body.get(key):
             raise bad_request(f"'{key}' needs a response store; the simulated server keeps none: "
                               "send the whole conversation in 'input'", key)
+    metadata = body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, Mapping) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        # OpenAI refuses it too; it was taken and echoed back as {}
+        raise bad_request(f"'metadata' must be an object of string values, got {short_repr(metadata)}", "metadata")
     out: dict[str, Any] = {k: body[k] for k in _PASSED if k in body}
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")

@@ -238,6 +238,21 @@ def test_front_relays_non_ascii_labels_and_headers():
     assert route_key_header("t-1 x") == b"t-1 x"  # ASCII keys as they are
 
 
+def test_front_refuses_a_label_header_given_twice_with_two_values():
+    import httpx
+    from starlette.testclient import TestClient
+
+    from topas_agents.server.cluster.front import build_front
+
+    app = build_front(ClusterConfig(replicas=2))
+    app.state.front.client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(500)))
+    with TestClient(app) as client:
+        r = client.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                        headers=[("X-Topas-Task-Id", "t1"), ("X-Topas-Task-Id", "t2"), ("X-Topas-Stage", "s"),
+                                 ("X-Topas-Agent", "a")])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "topas.task_id"
+
+
 def test_front_fans_out_a_non_ascii_authorization_as_sent():
     # before: a 500 (httpx encoded the header text as ASCII); now the replicas' 401
     import httpx

@@ -131,6 +131,19 @@ def test_malformed_header_label_is_400(client) -> None:
     assert info.value.body["param"] == "topas.prefix_tokens"
 
 
+def test_a_label_header_given_twice_with_two_values_is_400(server) -> None:
+    """One of the two was taken silently: which task the call belonged to was a guess."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    base = [("X-Topas-Stage", "s"), ("X-Topas-Agent", "a")]
+    r = httpx.post(f"{server.url}/chat/completions", json=body,
+                   headers=[*base, ("X-Topas-Task-Id", "t1"), ("x-topas-task-id", "t2")])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "topas.task_id"
+    assert "given twice" in r.json()["error"]["message"]
+    same = httpx.post(f"{server.url}/chat/completions", json=body,
+                      headers=[*base, ("X-Topas-Task-Id", "t1"), ("X-Topas-Task-Id", "t1")])
+    assert same.status_code == 200  # a repeat of the same value is the same label
+
+
 def test_malformed_bodies_and_over_budget_are_400(server, client) -> None:
     url = f"{server.url}/chat/completions"
     cases = [(b"{not json", None), (b"[1, 2]", None), (b'{"model": "m"}', "messages"),

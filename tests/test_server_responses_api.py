@@ -138,6 +138,8 @@ def test_max_output_tokens_ends_incomplete(server):
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"input": "x", "instructions": 7}, "instructions"),
+    ({"input": "x", "metadata": "tags"}, "metadata"),  # was taken and echoed back as {}
+    ({"input": "x", "metadata": {"k": 1}}, "metadata"),
     # the chat parser's checks, in the Responses request's terms
     ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
     ({"input": "x", "max_output_tokens": 10**9}, "max_output_tokens"),  # over the KV budget
@@ -157,7 +159,8 @@ def test_bad_requests_are_400_naming_the_field(server, body, param):
 
 def test_non_finite_numbers_in_echoed_fields_are_not_echoed(server):
     # the body may hold NaN/Infinity (Python's JSON reader takes them); a response cannot
-    raw = ('{"model": "m", "input": "x", "metadata": {"k": NaN}, "user": Infinity, "parallel_tool_calls": NaN,'
+    # (a metadata value that is not a string, NaN too, is a 400: test_bad_requests_are_400_naming_the_field)
+    raw = ('{"model": "m", "input": "x", "user": Infinity, "parallel_tool_calls": NaN,'
            ' "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "default": NaN}}]}')
     rsp = httpx.post(f"{server.url}/responses", content=raw, headers={"Content-Type": "application/json"}, timeout=30)
     assert rsp.status_code == 200, rsp.text

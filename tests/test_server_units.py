@@ -76,6 +76,8 @@ def test_parse_chat_extracts_prompt_and_system_prefix() -> None:
         ({"messages": ["hi"]}, "messages[0]"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        # an unknown part type was served as "(empty prompt)"
+        ({"messages": [{"role": "user", "content": [{"type": "zzz"}]}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),

@@ -168,9 +168,19 @@ def path_segment(text: str | bytes) -> str:
 
 def header_fields(headers: Mapping[str, str]) -> dict[str, str]:
     """The label fields present in X-Topas-* headers (case-insensitive), as the client sent
-    them (`header_text`), not yet validated."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    return {field: header_text(lowered[h.lower()]) for field, h in HEADERS.items() if h.lower() in lowered}
+    them (`header_text`), not yet validated. A header given twice with two values is a
+    LabelError (one was taken silently: which task a call belongs to was a guess)."""
+    fields = {h.lower(): f for f, h in HEADERS.items()}
+    out: dict[str, str] = {}
+    for key, value in headers.items():  # a server's headers list a repeated one each time
+        field = fields.get(key.lower())
+        if field is None:
+            continue
+        text = header_text(value)
+        if out.get(field, text) != text:
+            raise LabelError(field, f"header {HEADERS[field]} is given twice with different values")
+        out[field] = text
+    return out
 
 
 def carries_label(body: Mapping[str, Any] | None, header_names: Iterable[str]) -> bool:

@@ -8,6 +8,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from topas_agents.errors import LabelError
 from topas_agents.labels import (
     BODY_KEY,
     MAX_LABEL_CHARS,
@@ -16,7 +17,7 @@ from topas_agents.labels import (
     text_problem,
     to_metadata,
 )
-from topas_agents.server.api_errors import ApiError
+from topas_agents.server.api_errors import ApiError, from_label_error
 from topas_agents.server.config import ServerConfig
 
 from .config import KEYED_POLICIES
@@ -38,7 +39,10 @@ def lift_label(body: dict[str, Any], headers: Mapping[str, str]) -> Any:
     X-Topas-* headers and written into the body (validated by the replica, as before)."""
     if body.get(BODY_KEY) is not None:
         return body[BODY_KEY]
-    from_headers = header_fields(headers)
+    try:
+        from_headers = header_fields(headers)
+    except LabelError as exc:
+        raise from_label_error(exc) from None
     if from_headers:
         body[BODY_KEY] = from_headers
         return from_headers
