@@ -357,6 +357,44 @@ def test_resumed_stream_delivers_each_character_once(text, cut, pieces):
     assert stream.resumed == int(was_cut)
 
 
+def _tool_chunks(args: str, cut: int | None, pieces: int) -> list[ChatCompletionChunk]:
+    """A streamed tool call: the role, the call's id and name, its arguments in pieces."""
+    step = max(1, len(args) // pieces)
+    deltas = [{"role": "assistant", "content": None},
+              {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                               "function": {"name": "get_weather", "arguments": ""}}]},
+              *({"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + step]}}]}
+                for i in range(0, len(args), step))]
+    out = []
+    for n, delta in enumerate(deltas):
+        out.append(ChatCompletionChunk.model_validate({
+            "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
+        if cut is not None and n == cut:
+            return out
+    out.append(ChatCompletionChunk.model_validate({
+        "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}))
+    return out
+
+
+@given(cut=st.integers(0, 6), pieces=st.integers(1, 5), again=st.integers(1, 6))
+def test_a_resumed_tool_call_stream_delivers_the_call_whole_and_once(cut, pieces, again):
+    """Only text was tracked on a replay: a cut tool call reached the caller with its arguments
+    cut mid-JSON ('{"city": "Pa'), or not at all under finish_reason "tool_calls"."""
+    args = '{"city": "Paris", "unit": "celsius"}'
+    stream = ResumingStream(_FakeStream(_tool_chunks(args, cut, pieces)),
+                            lambda: _FakeStream(_tool_chunks(args, None, again)))
+    ids, names, got = [], [], ""
+    for chunk in stream:
+        for call in chunk.choices[0].delta.tool_calls or ():
+            ids += [call.id] if call.id else []
+            names += [call.function.name] if call.function.name else []
+            got += call.function.arguments or ""
+    assert (ids, names, got) == (["call_1"], ["get_weather"], args)
+    assert json.loads(got) == {"city": "Paris", "unit": "celsius"}
+
+
 def test_resume_once_then_give_up():
     import httpx
 

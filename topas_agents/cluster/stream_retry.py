@@ -74,7 +74,14 @@ class _Replay:
 
 
 class _Progress(_Replay):
-    """`_Replay` of chat and completion chunks, per choice index."""
+    """`_Replay` of chat and completion chunks, per choice index: their text, and a chat
+    delta's tool calls (each call's id and name once, its argument pieces trimmed like text).
+    Only the text was tracked before: a replayed tool call was dropped, and the caller got
+    arguments cut mid-JSON, or no call at all, under finish_reason "tool_calls"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.announced: set[tuple[int, int]] = set()  # (choice, tool call) whose id/name the caller has
 
     def admit(self, chunk: Any) -> Any | None:
         """The chunk to hand to the caller (text trimmed on a replay), or None to drop it."""
@@ -83,13 +90,40 @@ class _Progress(_Replay):
             owner, attr = _text_field(choice)
             text = getattr(owner, attr, None) or ""
             kept = self.trim(choice.index, text)
+            calls = self._admit_tool_calls(choice)
             if self.replaying:
                 if len(kept) != len(text):
                     setattr(owner, attr, kept)
-                keep = keep or bool(kept) or choice.finish_reason is not None
+                keep = keep or bool(kept) or bool(calls) or choice.finish_reason is not None
             if choice.finish_reason is not None:
                 self.finished = True
         return chunk if keep else None
+
+    def _admit_tool_calls(self, choice: Any) -> list[Any]:
+        """The tool-call deltas of `choice` that carry something new (all, outside a replay)."""
+        delta = getattr(choice, "delta", None)
+        calls = getattr(delta, "tool_calls", None)
+        if not calls:
+            return []
+        kept = []
+        for call in calls:
+            key = (choice.index, call.index)
+            fn = call.function
+            if call.id is not None or (fn is not None and fn.name):  # the call's announcement
+                if self.replaying and key in self.announced:
+                    call.id = call.type = None
+                    if fn is not None:
+                        fn.name = None
+                self.announced.add(key)
+            args = (fn.arguments if fn is not None else None) or ""
+            rest = self.trim(("tool_call", *key), args)
+            if self.replaying and fn is not None and len(rest) != len(args):
+                fn.arguments = rest
+            if not self.replaying or rest or call.id is not None or (fn is not None and fn.name):
+                kept.append(call)
+        if self.replaying:
+            delta.tool_calls = kept or None
+        return kept
 
 
 # The Responses API's stream: its deltas, and the events that end it.
