@@ -185,6 +185,18 @@ class _Namespace:
         self.__dict__.update(attrs)
 
 
+class _Overlay:
+    """`base` (an openai resource group) with its chat/completion endpoints labelled; every
+    other attribute forwarded (embeddings, files, ... go as they are)."""
+
+    def __init__(self, base: Any, **labelled: Any) -> None:
+        self._base = base
+        self.__dict__.update(labelled)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+
 class LabelledClient:
     """A thin proxy over an `openai.OpenAI` / `openai.AsyncOpenAI` client."""
 
@@ -212,6 +224,37 @@ class LabelledClient:
         return LabelledClient(self._client.with_options(**options), self._retry, self._label_fn)
 
     copy = with_options  # openai's alias
+
+    @property
+    def with_raw_response(self) -> _Overlay:
+        """`client.with_raw_response.chat.completions.create(...)` etc., labelled and retried
+        (forwarded bare, the client-level variant's calls went unlabelled)."""
+        return self._variant("with_raw_response")
+
+    @property
+    def with_streaming_response(self) -> _Overlay:
+        """`client.with_streaming_response....create(...)`, labelled (see `with_raw_response`)."""
+        return self._variant("with_streaming_response")
+
+    def _variant(self, name: str) -> _Overlay:
+        base = getattr(self._inner, name)
+        endpoints = {"completions": getattr(self.completions, name)}
+        if hasattr(self, "responses"):
+            endpoints["responses"] = getattr(self.responses, name)
+        return _Overlay(base, chat=_Overlay(base.chat, completions=getattr(self.chat.completions, name)), **endpoints)
+
+    @property
+    def beta(self) -> Any:
+        """`client.beta`, with `beta.chat.completions` (`parse`, `stream`: where openai 1.40-1.91
+        keeps them) labelled and retried like `chat.completions`; forwarded bare, they went
+        unlabelled."""
+        beta = self._inner.beta
+        chat = getattr(beta, "chat", None)
+        if chat is None or not hasattr(chat, "completions"):
+            return beta
+        is_async = isinstance(self._client, openai.AsyncOpenAI)
+        return _Overlay(beta, chat=_Overlay(chat, completions=_Endpoint(chat.completions, self._retry, is_async,
+                                                                         self._label_fn)))
 
     @property
     def api_key(self) -> Any:

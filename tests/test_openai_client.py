@@ -161,6 +161,26 @@ def test_with_options_and_response_variants_stay_labelled(server):
     assert [(h["x-topas-task-id"], b["topas"]["task_id"]) for h, b in rec.requests] == [("t-var", "t-var")] * 4
 
 
+def test_client_level_response_variants_and_beta_stay_labelled(server):
+    """`client.with_raw_response.chat.completions...`, `client.with_streaming_response...` and
+    `client.beta.chat.completions.parse` (where openai 1.40-1.91 keeps parse) were forwarded to
+    the raw client: unlabelled. Other resources through them are the raw client's."""
+    url, rec = server
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    with label(task_id="t-cvar", stage="s", agent="a"):
+        raw = client.with_raw_response.chat.completions.create(model="m", messages=MSG)
+        with client.with_streaming_response.chat.completions.create(model="m", messages=MSG) as rsp:
+            rsp.read()
+        client.with_raw_response.completions.create(model="m", prompt="hi")
+        beta_chat = getattr(client.beta, "chat", None)
+        if beta_chat is not None and hasattr(beta_chat.completions, "parse"):
+            beta_chat.completions.parse(model="m", messages=MSG)
+    assert raw.parse().choices[0].message.content == "ok"
+    assert {(h["x-topas-task-id"], b["topas"]["task_id"]) for h, b in rec.requests} == {("t-cvar", "t-cvar")}
+    assert len(rec.requests) == 3 + int(beta_chat is not None and hasattr(beta_chat.completions, "parse"))
+    assert client.with_raw_response.models is not None  # the rest is forwarded
+
+
 def test_raw_response_variant_is_retried(server):
     url, rec = server
     rec.statuses = [503]
