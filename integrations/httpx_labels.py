@@ -163,11 +163,35 @@ class AsyncLabelTransport(httpx.AsyncBaseTransport):
 _TRANSPORT_KWARGS = ("verify", "cert", "http1", "http2", "limits", "proxy")
 
 
+# What openai's own client uses (openai._constants.DEFAULT_CONNECTION_LIMITS): httpx's default
+# of 100 connections held the 101st concurrent call inside the client, where no scheduler sees it.
+_OPENAI_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
+
+
 def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the inner transport's options, the client's), with openai's client defaults: its
+    connection limits and following redirects, as the client it replaces had."""
     inner = {k: kwargs.pop(k) for k in _TRANSPORT_KWARGS if k in kwargs}
+    inner.setdefault("limits", _OPENAI_LIMITS)
     if "trust_env" in kwargs:
         inner["trust_env"] = kwargs["trust_env"]
+    kwargs.setdefault("follow_redirects", True)
     return inner, kwargs
+
+
+def _env_mounts(inner: dict[str, Any], kwargs: dict[str, Any], make: Any, wrap: Any) -> dict[str, Any]:
+    """HTTP(S)_PROXY / ALL_PROXY / NO_PROXY as httpx applies them to its own transport, for ours:
+    httpx reads the environment only when it builds the transport, so a labelled client went
+    straight past a proxy the environment names. Nothing when the caller set a proxy, mounts or
+    trust_env=False."""
+    if "proxy" in inner or "mounts" in kwargs or not kwargs.get("trust_env", True):
+        return {}
+    try:
+        from httpx._utils import get_environment_proxies  # httpx's own reading of the environment
+    except ImportError:  # pragma: no cover - an httpx without it: its own behaviour, no proxies
+        return {}
+    return {pattern: None if proxy is None else wrap(make(**{**inner, "proxy": proxy}))
+            for pattern, proxy in get_environment_proxies().items()}
 
 
 def labelled_http_client(*, task_id: str | None = None, stage: str | None = None, agent: str | None = None,
@@ -181,8 +205,11 @@ def labelled_http_client(*, task_id: str | None = None, stage: str | None = None
     fields = {"task_id": task_id, "stage": stage, "agent": agent, "workflow": workflow,
               "prefix_tokens": prefix_tokens}
     inner, kwargs = _split(kwargs)
-    transport = kwargs.pop("transport", None) or httpx.HTTPTransport(**inner)
-    return httpx.Client(transport=LabelTransport(transport, fields), **kwargs)
+    given = kwargs.pop("transport", None)
+    wrap = lambda t: LabelTransport(t, fields)  # noqa: E731
+    mounts = {} if given is not None else _env_mounts(inner, kwargs, httpx.HTTPTransport, wrap)
+    return httpx.Client(transport=wrap(given or httpx.HTTPTransport(**inner)), **kwargs,
+                        **({"mounts": mounts} if mounts else {}))
 
 
 def labelled_async_http_client(*, task_id: str | None = None, stage: str | None = None,
@@ -192,5 +219,8 @@ def labelled_async_http_client(*, task_id: str | None = None, stage: str | None 
     fields = {"task_id": task_id, "stage": stage, "agent": agent, "workflow": workflow,
               "prefix_tokens": prefix_tokens}
     inner, kwargs = _split(kwargs)
-    transport = kwargs.pop("transport", None) or httpx.AsyncHTTPTransport(**inner)
-    return httpx.AsyncClient(transport=AsyncLabelTransport(transport, fields), **kwargs)
+    given = kwargs.pop("transport", None)
+    wrap = lambda t: AsyncLabelTransport(t, fields)  # noqa: E731
+    mounts = {} if given is not None else _env_mounts(inner, kwargs, httpx.AsyncHTTPTransport, wrap)
+    return httpx.AsyncClient(transport=wrap(given or httpx.AsyncHTTPTransport(**inner)), **kwargs,
+                             **({"mounts": mounts} if mounts else {}))

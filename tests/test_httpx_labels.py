@@ -149,6 +149,26 @@ def test_transport_options_reach_the_inner_transport():
     assert inner._pool._max_connections == 3  # noqa: SLF001
 
 
+def test_defaults_are_openais_and_the_environments_proxy_applies(server, monkeypatch):
+    """The labelled clients replace openai's own: they had httpx's 100 connections (the 101st
+    concurrent call waited in the client), no redirects, and went past HTTP_PROXY."""
+    for make in (hl.labelled_http_client, hl.labelled_async_http_client):
+        client = make()
+        assert client._transport._inner._pool._max_connections == 1000  # noqa: SLF001
+        assert client.follow_redirects is True
+    url = f"{server.base_url}/health"
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens: a dead proxy
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with pytest.raises(httpx.TransportError), hl.labelled_http_client() as via_proxy:
+        via_proxy.get(url)
+    with hl.labelled_http_client(trust_env=False) as direct:
+        assert direct.get(url).status_code == 200
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    with hl.labelled_http_client() as exempt:
+        assert exempt.get(url).status_code == 200
+
+
 async def test_async_transport_isolates_concurrent_labels(server):
     # AutoGen / LiteLLM async paths: openai.AsyncOpenAI(http_client=httpx.AsyncClient(...))
     client = openai.AsyncOpenAI(base_url=server.url, api_key="x",
