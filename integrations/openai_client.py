@@ -14,7 +14,8 @@ The label in force (`topas_agents.label`, contextvars) is added to `extra_body["
 as `X-Topas-*` `extra_headers` (headers only when every field is ASCII: the body carries the
 rest); caller dicts are copied, never mutated. A call that carries its own label (`extra_body`'s
 `topas`, or any X-Topas-* label header) keeps it whole and gets nothing of the one in force. Calls are retried
-with tenacity on connection errors, timeouts and 5xx answers, never on 4xx; a stream that
+with tenacity on connection errors, timeouts, 5xx, 408 and 429 answers (openai's `max_retries`, if
+set, is the number of retries), never on other 4xx; a stream that
 breaks mid-way is re-issued once and resumed (`topas_agents.cluster.stream_retry`). The inner
 client's own retries are switched off (`with_options(max_retries=0)`) so there is exactly one
 retry policy. Works with openai 1.x, 2.x and 3.x (only `extra_body`, `extra_headers`,
@@ -47,13 +48,44 @@ class RetryConfig:
     wait_max_s: float = 4.0
 
 
+# 4xx answers that are transient, as openai's own client retries them: a request timeout and a
+# rate limit (SGLang, vLLM and gateways answer 429 under load). Not 409, which openai retries
+# too: a Topas server's 409 is final (a task marked done, a workflow under another definition).
+RETRIED_4XX = (408, 429)
+
+
 def is_retryable(exc: BaseException) -> bool:
-    """Connection problems, timeouts and 5xx are transient; 4xx are the caller's to fix."""
+    """Connection problems, timeouts, 5xx, 408 and 429 are transient; other 4xx are the
+    caller's to fix."""
     if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
         return True
     if isinstance(exc, openai.APIStatusError):
-        return exc.status_code >= 500
+        return exc.status_code >= 500 or exc.status_code in RETRIED_4XX
     return False
+
+
+# A server's Retry-After (seconds) is waited for, up to this long (openai's client caps it at 60).
+RETRY_AFTER_MAX_S = 60.0
+
+
+def _retry_after_s(exc: BaseException | None) -> float | None:
+    """The Retry-After of a refused call, in seconds (None: none, or an HTTP date)."""
+    response = getattr(exc, "response", None)
+    value = response.headers.get("retry-after") if response is not None else None
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return min(seconds, RETRY_AFTER_MAX_S) if seconds is not None and seconds >= 0 else None
+
+
+def _honouring_retry_after(backoff: Callable[[Any], float]) -> Callable[[Any], float]:
+    """`backoff`, or the server's Retry-After when that is longer (a 429 says when to come back)."""
+    def wait(state: Any) -> float:
+        outcome = state.outcome
+        hinted = _retry_after_s(outcome.exception() if outcome is not None and outcome.failed else None)
+        return max(backoff(state), hinted or 0.0)
+    return wait
 
 
 def with_label(kwargs: Mapping[str, Any], lab: Label | None) -> dict[str, Any]:
@@ -104,7 +136,7 @@ class _Endpoint:
         r = self._retry
         return {
             "stop": stop_after_attempt(r.attempts),
-            "wait": wait_exponential(min=r.wait_min_s, max=r.wait_max_s),
+            "wait": _honouring_retry_after(wait_exponential(min=r.wait_min_s, max=r.wait_max_s)),
             "retry": retry_if_exception(is_retryable),
             "reraise": True,
         }
@@ -205,6 +237,9 @@ class LabelledClient:
         is_async = isinstance(client, openai.AsyncOpenAI)
         if not is_async and not isinstance(client, openai.OpenAI):
             raise TypeError(f"expected openai.OpenAI or openai.AsyncOpenAI, got {type(client).__name__}")
+        if retry is None and client.max_retries != openai.DEFAULT_MAX_RETRIES:
+            # the caller set max_retries: the one retry policy honours it (it was replaced by 4 attempts)
+            retry = RetryConfig(attempts=client.max_retries + 1)
         retry = retry or RetryConfig()
         inner = client.with_options(max_retries=0)
         self._client = client

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -56,6 +57,8 @@ def _handler(rec: Recorder) -> type[BaseHTTPRequestHandler]:
             if status == 200 and rec.reply is not None:
                 kind, data = rec.reply(body, len(rec.requests))
             self.send_response(status)
+            if status == 429:
+                self.send_header("Retry-After", "0.3")
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -205,6 +208,31 @@ def test_never_retries_4xx(server):
     rec.statuses = [400]
     client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
     with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="m", messages=MSG)
+    assert len(rec.requests) == 1
+
+
+def test_rate_limits_are_retried_after_the_servers_retry_after(server):
+    """openai retries 408/429 (and waits Retry-After); labelled() switched its retries off and
+    raised the first 429. A 409 (a Topas task marked done) stays final."""
+    url, rec = server
+    rec.statuses = [429, 408]
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    t0 = time.monotonic()
+    with label(task_id="t-429", stage="s", agent="a"):
+        assert client.chat.completions.create(model="m", messages=MSG).choices[0].message.content == "ok"
+    assert len(rec.requests) == 3 and time.monotonic() - t0 >= 0.3  # waited the Retry-After
+    rec.statuses = [409]
+    with pytest.raises(openai.ConflictError):
+        client.chat.completions.create(model="m", messages=MSG)
+    assert len(rec.requests) == 4
+
+
+def test_the_clients_own_max_retries_is_the_retry_policy(server):
+    url, rec = server
+    rec.statuses = [503, 503]
+    client = labelled(openai.OpenAI(base_url=url, api_key="x", max_retries=0))  # the caller wants none
+    with pytest.raises(openai.InternalServerError):
         client.chat.completions.create(model="m", messages=MSG)
     assert len(rec.requests) == 1
 
