@@ -33,6 +33,17 @@ def test_calibrate_writes_a_profile_that_loads(server, tmp_path):
         assert math.isfinite(value) and value >= 0
 
 
+def test_decode_steps_are_counted_from_what_the_server_generated():
+    """31 steps were assumed for a 32-token probe; the echo responder stops at 24 (min_tokens
+    ignored): the step came out 25% short."""
+    from topas_agents.cli.calibrate import DECODE_TOKENS, _step_s
+    from topas_agents.errors import ConfigError
+
+    assert _step_s((1.2, 25), (0.24, 1), "u") == pytest.approx(0.96 / 24)
+    with pytest.raises(ConfigError, match=f"generated 3 tokens for a {DECODE_TOKENS}-token probe"):
+        _step_s((0.3, 3), (0.2, 1), "u")
+
+
 @pytest.mark.parametrize(("options", "message"), [
     # the server's root, not its OpenAI base URL: was a KeyError traceback
     ({"--server": "{root}/nope", "--kv-budget": "1000"}, "lists no model"),
@@ -128,6 +139,11 @@ def test_a_keyed_server_is_calibrated_and_benchmarked_with_its_key(keyed, tmp_pa
     monkeypatch.setenv("TOPAS_API_KEY", "k-cal")
     assert main(["calibrate", "--server", keyed.url, "--out", str(out), "--kv-budget", "20000"]) == 0
     assert load_profile(out).kv_budget_tokens == 20000
+    capsys.readouterr()
+    # with --model the probe of /models is skipped: the budget read met the 401 first, and said
+    # "the server does not report its KV pool size"
+    assert main(["calibrate", "--server", keyed.url, "--out", str(out), "--api-key", "nope", "--model", "m"]) == 2
+    assert "refused the API key (HTTP 401)" in capsys.readouterr().err
     assert main(["bench", "--engine", "sglang", "--model-path", str(tmp_path), "--api-key", "k"]) == 2
     assert "--api-key applies to --server" in capsys.readouterr().err
 

@@ -54,6 +54,8 @@ WORDS = ("plan", "code", "test", "data", "user", "agent", "task", "value", "queu
 PREFILL_WORDS = (32, 128, 512, 1024)  # prompt sizes (words ~ tokens) for the prefill slope
 BATCHES = (1, 2, 4, 8)
 DECODE_TOKENS = 32  # output tokens per decode probe (long enough to amortize the prefill)
+# Fewer extra steps than this between the long and the short probe time nothing but noise.
+MIN_DECODE_STEPS = 8
 REPEATS = 3  # prefill keeps the minimum (least disturbed); decode and bursts the median
 CALL_PROBES = 9  # sequential minimal calls, reported beside the burst estimate
 CALL_PROBE_WORDS = 8  # prompt of a minimal call: model time is then close to one batch-1 step
@@ -91,14 +93,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-async def _call(client, url: str, model: str, prompt: str, tokens: int) -> tuple[float, int]:
+class Probe(NamedTuple):
+    """One probe call: its wall time and the tokens the server says it read and generated."""
+
+    seconds: float
+    prompt_tokens: int
+    completion_tokens: int
+
+
+async def _call(client, url: str, model: str, prompt: str, tokens: int) -> Probe:
     t0 = time.perf_counter()
     r = await client.post(f"{url}/chat/completions", json={
         "model": model, "max_tokens": tokens, "min_tokens": tokens, "temperature": 0.0,
         "messages": [{"role": "user", "content": prompt}]})
     if r.status_code != 200:
         raise ConfigError(f"calibrate: HTTP {r.status_code} from {url}: {r.text[:200]}")
-    return time.perf_counter() - t0, int(r.json()["usage"]["prompt_tokens"])
+    usage = r.json()["usage"]
+    return Probe(time.perf_counter() - t0, int(usage["prompt_tokens"]), int(usage.get("completion_tokens") or 0))
 
 
 def _prompt(n_words: int, rng: random.Random) -> str:
@@ -124,24 +135,37 @@ async def measure(url: str, model: str, kv_budget: int | None = None, api_key: s
     decode: list[tuple[int, float]] = []
     async with httpx.AsyncClient(timeout=300, headers=auth_headers(api_key)) as c:
         await _call(c, url, model, _prompt(8, rng), 1)  # warm-up
-        calls = [CallBurst(1, n, t) for t, n in [await _call(c, url, model, _prompt(CALL_PROBE_WORDS, rng), 1)
-                                                 for _ in range(CALL_PROBES)]]
+        calls = [CallBurst(1, p.prompt_tokens, p.seconds)
+                 for p in [await _call(c, url, model, _prompt(CALL_PROBE_WORDS, rng), 1) for _ in range(CALL_PROBES)]]
         k = burst_size(kv_budget)
         for _ in range(REPEATS):
             t0 = time.perf_counter()
             done = await asyncio.gather(*(_call(c, url, model, _prompt(CALL_PROBE_WORDS, rng), 1) for _ in range(k)))
-            calls.append(CallBurst(k, sum(n for _, n in done), time.perf_counter() - t0))
+            calls.append(CallBurst(k, sum(p.prompt_tokens for p in done), time.perf_counter() - t0))
         for n in prefill_sizes(kv_budget):
             runs = [await _call(c, url, model, _prompt(n, rng), 1) for _ in range(REPEATS)]
-            prefill.append((runs[0][1], min(t for t, _ in runs)))
+            prefill.append((runs[0].prompt_tokens, min(p.seconds for p in runs)))
         for b in BATCHES:
-            async def batch(tokens: int, b: int = b) -> float:
+            async def batch(tokens: int, b: int = b) -> tuple[float, int]:
+                """(wall seconds, the most tokens a call of the batch generated: its steps)."""
                 t0 = time.perf_counter()
-                await asyncio.gather(*(_call(c, url, model, _prompt(16, rng), tokens) for _ in range(b)))
-                return time.perf_counter() - t0
-            pairs = [(await batch(DECODE_TOKENS)) - (await batch(1)) for _ in range(REPEATS)]
-            decode.append((b, max(1e-6, statistics.median(pairs) / (DECODE_TOKENS - 1))))
+                done = await asyncio.gather(*(_call(c, url, model, _prompt(16, rng), tokens) for _ in range(b)))
+                return time.perf_counter() - t0, max(p.completion_tokens for p in done)
+            decode.append((b, max(1e-6, statistics.median([_step_s(await batch(DECODE_TOKENS), await batch(1), url)
+                                                           for _ in range(REPEATS)]))))
     return Measurements(prefill, decode, calls)
+
+
+def _step_s(long: tuple[float, int], short: tuple[float, int], url: str) -> float:
+    """Seconds per decode step from a long and a short batch, by the steps each generated (the
+    server's usage): an engine that ignores min_tokens and stops early (the simulator's echo
+    responder stopped at 24 of 32) made the step 25% short when 31 steps were assumed."""
+    steps = long[1] - short[1]
+    if steps < MIN_DECODE_STEPS:
+        raise ConfigError(f"calibrate: {url} generated {long[1]} tokens for a {DECODE_TOKENS}-token probe "
+                          f"(min_tokens is ignored, and it stops early); decode steps cannot be timed: give a "
+                          "server that generates max_tokens (topas serve: --responder lorem)")
+    return (long[0] - short[0]) / steps
 
 
 def slope(points: list[tuple[int, float]]) -> float:
@@ -154,7 +178,7 @@ def slope(points: list[tuple[int, float]]) -> float:
 def _kv_budget(url: str, given: int | None, api_key: str | None = None) -> int | None:
     import httpx
 
-    from ..integrations.task import auth_headers
+    from ..integrations.task import auth_headers, refused_key_message
 
     if given is not None:
         return given
@@ -162,8 +186,13 @@ def _kv_budget(url: str, given: int | None, api_key: str | None = None) -> int |
     for path, read in (("/get_server_info", _sglang_budget), ("/v1/topas/stats?calls=0", _topas_budget)):
         try:
             rsp = httpx.get(root + path, headers=auth_headers(api_key), timeout=10)
+        except httpx.HTTPError:
+            continue
+        if rsp.status_code in (401, 403):  # was read as "reports no KV pool size"
+            raise ConfigError(refused_key_message(url, api_key, rsp.status_code))
+        try:
             value = read(rsp.json()) if rsp.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+        except ValueError:
             value = None
         if value is not None:
             return value
