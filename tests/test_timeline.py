@@ -176,6 +176,20 @@ def test_bench_timeline_files(tmp_path, capsys) -> None:
         assert (out / f"chain3-{policy}-0.5.gantt.png").read_bytes()[:8] == PNG
 
 
+def test_points_that_round_alike_get_their_own_files(tmp_path, capsys) -> None:
+    """Names kept 6 significant digits: two rates 1e-7 apart wrote one file, the second over the
+    first, while the count said 4 files."""
+    from topas_agents.bench.timeline import point_label
+
+    assert (point_label(0.6, 1.0), point_label(None, 0.0175)) == ("0.6", "r0.0175")
+    out = tmp_path / "tl"
+    assert main(["bench", "--workload", "chain3", "--policies", "fcfs", "--rate", "0.1234567,0.1234568",
+                 "--tasks", "3", "--timeline", str(out), "--no-progress"]) == 0
+    assert sorted(p.name for p in out.glob("*.trace.json")) == ["chain3-fcfs-r0.1234567.trace.json",
+                                                                 "chain3-fcfs-r0.1234568.trace.json"]
+    assert "timelines: 4 files" in capsys.readouterr().err
+
+
 def test_bench_timeline_rejects_suite_and_orphan_option(capsys) -> None:
     assert main(["bench", "--suite", "random", "--timeline", "x", "--no-progress"]) == 2
     assert "--timeline needs the simulated single-engine bench" in capsys.readouterr().err

@@ -193,8 +193,10 @@ def _slug(text: str) -> str:
 
 
 def point_label(load: float | None, rate: float) -> str:
-    """A point's file-name part: the load as given (0.6), else the rate (r0.0175)."""
-    return f"{load:g}" if load is not None else f"r{rate:.6g}"
+    """A point's file-name part: the load as given (0.6), else the rate (r0.0175), each as
+    the shortest text that reads back as that float (`:g` kept 6 digits: 0.3000001 and
+    0.3000002 wrote one file, the second over the first)."""
+    return repr(float(load)) if load is not None else f"r{float(rate)!r}"
 
 
 def write_bench_timelines(config: Any, out_dir: str | Path,
@@ -216,7 +218,7 @@ def write_bench_timelines(config: Any, out_dir: str | Path,
             rec = TimelineRecorder(RecorderConfig(first_tasks=max_tasks))
             row = execute(job, SimBackend(make_trace, partial(simulate, recorder=rec)))
             tl = rec.timeline(rec.last_end_s)
-            stem = _slug(f"{config.name}-{job.policy}-{label}")
+            stem = _slug(f"{config.name.removesuffix('.jsonl')}-{job.policy}-{label}")  # a trace's file name
             meta = {"workload": config.name, "policy": job.policy, "load": point.load, "rate": finite(point.rate),
                     "seed": config.seed, "tasks_shown": min(max_tasks, len(point.trace)),
                     "tasks_run": len(point.trace), "host_tier": job.host_tier,
