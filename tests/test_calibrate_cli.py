@@ -194,3 +194,14 @@ def test_registering_the_workload_by_answer(monkeypatch, status, outcome):
         assert client.register_workload("http://127.0.0.1:9/v1", definition) is None
     else:
         assert outcome in client.register_workload("http://127.0.0.1:9/v1", definition)
+
+
+def test_bench_runs_against_one_server_do_not_reopen_each_others_tasks(server, capsys):
+    """Every run labelled its tasks chain3-0, chain3-1, ...: a second run reopened the first
+    run's tasks, whose JCT became the gap between the runs."""
+    bench = ["bench", "--server", server.url, "--workload", "chain3", "--tasks", "2", "--policies", "lpm"]
+    assert main(bench) == 0 and main(bench) == 0
+    assert "2/2 tasks" in capsys.readouterr().out
+    items = httpx.get(f"{server.base_url}/v1/topas/stats", timeout=10).json()["tasks"]["items"]
+    bench_tasks = [t for t in items if t["workflow"] == "chain3"]
+    assert len(bench_tasks) >= 4 and not [t["task_id"] for t in bench_tasks if t["reopened"]]

@@ -28,6 +28,7 @@ import dataclasses
 import math
 import random
 import sys
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -94,8 +95,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, metavar="KEY", help="--server's API key (default: $TOPAS_API_KEY)")
 
 
-def build_calls(task: TaskPlan, words_per_token: float, ignore_eos: bool) -> dict[str, list[Call]]:
-    """The task's calls: prompts sized from its (already scaled) plan, exact output lengths."""
+def build_calls(task: TaskPlan, words_per_token: float, ignore_eos: bool,
+                label_prefix: str = "") -> dict[str, list[Call]]:
+    """The task's calls: prompts sized from its (already scaled) plan, exact output lengths.
+    `label_prefix` goes before the task id the server sees (the prompts, the results and the
+    --sim replay keep the plan's id)."""
     from ..labels import Label
 
     wf, rng = task.workflow, random.Random(task.task_id)
@@ -104,7 +108,7 @@ def build_calls(task: TaskPlan, words_per_token: float, ignore_eos: bool) -> dic
     for name in wf.topo_order:
         agent = wf.stage(name).agent
         system = agent_prompt(wf.name, agent, n_words(wf.prefix_tokens(agent)))
-        label = Label(task.task_id, name, agent, wf.name, None)  # prefix size: the registered workflow
+        label = Label(label_prefix + task.task_id, name, agent, wf.name, None)  # prefix size: the registered workflow
         plan[name] = [Call(task.task_id, name, agent, i, system,
                            f"{task.task_id}/{name}#{i}: " + words(n_words(r.input_tokens), rng), label,
                            r.output_tokens, ignore_eos)
@@ -156,9 +160,9 @@ def report_failures(name: str, result: PolicyResult, shown: int = 3) -> None:
 
 
 def run_once(base_url: str, model: str, args: argparse.Namespace, tasks: list[TaskPlan],
-             wpt: float, api_key: str | None = None) -> list[TaskResult | BaseException]:
+             wpt: float, api_key: str | None = None, label_prefix: str = "") -> list[TaskResult | BaseException]:
     wf = tasks[0].workflow
-    plans = [build_calls(t, wpt, args.ignore_eos) for t in tasks]
+    plans = [build_calls(t, wpt, args.ignore_eos, label_prefix) for t in tasks]
     return asyncio.run(run_tasks(base_url, model, wf, plans, [t.arrival_s for t in tasks],
                                  timeout_s=args.timeout, return_exceptions=True, api_key=api_key))
 
@@ -194,7 +198,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         if (note := register_workload(url, definition, key)) is not None:
             print(f"note: {note}", file=sys.stderr)
         profile = profile or (_calibrate(url, first, args.kv_tokens, measured, key) if args.sim else None)
-        results = run_once(url, args.model or first, args, tasks, wpt, key)
+        # a server of its own that outlives the run: this run's tasks get ids of their own (the
+        # same ids again reopened the last run's tasks, their JCT the gap between the runs)
+        results = run_once(url, args.model or first, args, tasks, wpt, key, label_prefix=f"{uuid.uuid4().hex[:8]}-")
         out["server"] = summarize(results, args.tasks, None)
         # the endpoint schedules with whatever policy it runs: name it with a single --policies
         real_jcts[policies[0] if len(policies) == 1 else "server"] = _jcts(results)
