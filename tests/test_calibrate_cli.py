@@ -23,9 +23,11 @@ def server():
     handle.stop()
 
 
-def test_calibrate_writes_a_profile_that_loads(server, tmp_path):
+def test_calibrate_writes_a_profile_that_loads(server, tmp_path, capsys):
     out = tmp_path / "sim.yaml"
     assert main(["calibrate", "--server", server.url, "--out", str(out), "--kv-budget", "20000"]) == 0
+    # a time-scaled simulator serves faster than its model: the fit cannot reproduce it (said)
+    assert "simulated server at --time-scale 200" in capsys.readouterr().err
     profile = load_profile(out)
     assert (profile.name, profile.model, profile.kv_budget_tokens) == ("sim", "topas-sim", 20000)
     # the fitted terms (noisy on a fast simulated server, so only their sanity is checked)

@@ -40,6 +40,7 @@ import math
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -213,6 +214,21 @@ def _sglang_budget(info: object) -> int | None:
     return None
 
 
+def _simulated_time_scale(url: str, api_key: str | None) -> float | None:
+    """A `topas serve --engine sim`'s time scale, as its stats report it (None: another engine)."""
+    import httpx
+
+    from ..integrations.task import auth_headers
+
+    try:
+        server = httpx.get(f"{url.removesuffix('/v1')}/v1/topas/stats?calls=0", headers=auth_headers(api_key),
+                           timeout=10).json().get("server") or {}
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    scale = server.get("time_scale") if server.get("engine") == "sim" else None
+    return float(scale) if isinstance(scale, int | float) and not isinstance(scale, bool) else None
+
+
 def _topas_budget(stats: object) -> int | None:
     """Our server's `/v1/topas/stats`: `kv.budget`; behind a cluster front, the replicas'
     budget when they all report the same one (a call runs on one replica)."""
@@ -335,6 +351,11 @@ def run(args: argparse.Namespace) -> int:
     key = client_api_key(args)
     model = args.model or first_model_id(url, key)
     budget = _kv_budget(url, args.kv_budget, key)
+    scale = _simulated_time_scale(url, key)
+    if scale is not None and scale != 1:
+        print(f"note: {url} is a simulated server at --time-scale {scale:g}: it serves {scale:g}x faster than the "
+              "model it simulates, while the fields taken from --base-profile (KV read, attention, swap) stay "
+              "in real time; the profile will not reproduce it (calibrate a --time-scale 1 server)", file=sys.stderr)
     if budget is None:
         raise ConfigError("calibrate: the server does not report its KV pool size; pass --kv-budget TOKENS")
     try:
