@@ -155,6 +155,8 @@ def test_plot_format_checked_before_the_run(tmp_path, capsys):
     (["bench", "--workload", "chain3", "--policies", "fcfs,lpm", "--host-tier", "topas"],
      "--host-tier topas: topas not among --policies (fcfs, lpm)"),
     (["bench", "--suite", "random", "--workflows", "100000"], "expected an integer in [1, 1000]"),
+    # the server runs one policy: the others were ignored, and --sim compared none of them
+    (["bench", "--server", "http://127.0.0.1:9/v1", "--policies", "fcfs,topas"], "--server runs the policy"),
     # a directory: figure_path wrote DIR.png beside it
     (["bench", "--workload", "chain3", "--policies", "fcfs", "--plot", "."], "--plot .: is a directory"),
 ])

@@ -178,7 +178,9 @@ def _add_real_engine_options(p: argparse.ArgumentParser) -> None:
                       help="sglang: start a fresh real SGLang server per policy (needs --model-path)")
     real.add_argument("--model-path", default=None, metavar="DIR", help="--engine sglang: model directory")
     real.add_argument("--engine-arg", action="append", default=[], metavar="ARG", help="extra SGLang argument")
-    real.add_argument("--scale", type=float, default=0.05, help="real engine: prefix/input/output size factor")
+    real.add_argument("--scale", type=float, default=0.05,
+                      help="real engine: prefix/input/output size factor (default 0.05: the workload at 1/20 of "
+                      "its sizes, so a CPU-served or small model finishes in minutes; 1 for the workflow as defined)")
     real.add_argument("--kv-tokens", type=positive_int, default=4096, help="--engine sglang: --max-total-tokens")
     real.add_argument("--ignore-eos", action="store_true", help="real engine: fix lengths with ignore_eos")
     real.add_argument("--model", type=model_name, default=None, help="real engine: model id (default: the server's first)")
@@ -194,6 +196,11 @@ def _real_engine(args: argparse.Namespace) -> int:
 
     if getattr(args, "api_key", None) is not None and args.engine == "sglang":
         raise ConfigError("--api-key applies to --server (a server started by --engine sglang takes no key)")
+    given = getattr(args, "given", None) or frozenset()
+    if args.server and "--policies" in given and len(args.policies) > 1:
+        # the server runs its own policy; several names were ignored (and with --sim none matched the run)
+        raise ConfigError("--server runs the policy the server was started with: give that one as --policies "
+                          "(the simulated run --sim compares with it), or leave --policies out")
     real = argparse.Namespace(**vars(args))
     real.engine = None if args.engine == "sim" else args.engine
     real.api_key = client_api_key(args) if args.server else None
