@@ -326,10 +326,14 @@ def _add_topas_routes(app: FastAPI, svc: SimService, fits: Callable[[Workflow], 
         else:
             async with upload_parses:
                 wf = await asyncio.to_thread(_parse_checked_upload, text, fits)
-        new = svc.registry.add(wf, _tenant(request), len(raw))  # on the loop: registration never races
-        return JSONResponse({"name": wf.name, "created": new, "stages": [s.name for s in wf.stages],
-                             "agents": {a.name: a.prefix_tokens for a in wf.agents}},
-                            status_code=201 if new else 200)
+        tenant = _tenant(request)
+        warnings = svc.registry.agent_conflicts(wf, tenant)
+        new = svc.registry.add(wf, tenant, len(raw))  # on the loop: registration never races
+        body: dict[str, Any] = {"name": wf.name, "created": new, "stages": [s.name for s in wf.stages],
+                                "agents": {a.name: a.prefix_tokens for a in wf.agents}}
+        if warnings:
+            body["warnings"] = warnings  # the key's own view: names as it registered them
+        return JSONResponse(body, status_code=201 if new else 200)
 
     # One route for both done calls, split on the raw path: a task id or stage may hold "/"
     # (sent as %2F, which the ASGI server decodes before routing, so `{task_id}` never

@@ -8,6 +8,7 @@ that tenant's namespace (server/tenancy.py), so no tenant can squat or replace a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 
 from ..errors import ConfigError, WorkflowError
@@ -21,6 +22,8 @@ from ..workflow import (
 )
 from .api_errors import ApiError, bad_request
 from .tenancy import Tenant, engine_workflow, qualify
+
+log = logging.getLogger("topas.server")
 
 
 class WorkflowRegistry:
@@ -66,6 +69,23 @@ class WorkflowRegistry:
             self._engine[key] = engine_workflow(tenant, wf)
         return self._engine[key]
 
+    def agent_conflicts(self, wf: Workflow, tenant: Tenant = None) -> list[str]:
+        """Agents of `wf` that a workflow `tenant` sees declares with another prefix size. An
+        agent is one prefix per server (per key, with keys): the engine keeps the size it met
+        first, so one of the two workflows is modelled with the wrong prefix. Said, not refused:
+        a workflow that reuses an agent with its own size was taken without a word."""
+        mine = {a.name: a.prefix_tokens for a in wf.agents}
+        out = []
+        for name in self.names(tenant):
+            other = self.get(name, tenant)
+            if other is None or other.name == wf.name:
+                continue
+            out += [f"agent '{a.name}' has a {a.prefix_tokens}-token prefix in workflow '{other.name}' and "
+                    f"{mine[a.name]} here: an agent is one prefix on this server, which keeps the size it met "
+                    "first; give the agents distinct names" for a in other.agents
+                    if a.name in mine and mine[a.name] != a.prefix_tokens]
+        return out
+
     def names(self, tenant: Tenant = None) -> list[str]:
         if tenant is None:
             return sorted(self._engine)
@@ -105,6 +125,8 @@ class WorkflowRegistry:
         wf = load_workflow(name_or_path)
         if self._shared.get(wf.name, wf) != wf:
             raise WorkflowError(f"two different workflows named '{wf.name}'")
+        for warning in self.agent_conflicts(wf):
+            log.warning("--workflow %s: %s", name_or_path, warning)
         self._shared[wf.name] = wf
         self._engine[wf.name] = wf
         return wf

@@ -220,6 +220,17 @@ def test_workflow_registration_and_stage_inference(server, client) -> None:
     unknown = httpx.post(base, content="nosuchthing")
     assert unknown.status_code == 400 and "unknown built-in workflow 'nosuchthing'" in unknown.text
     assert "metagpt-sop-noqa" in unknown.text
+    # an agent that another registered workflow declares with another prefix size: said (one of
+    # the two is modelled with the wrong prefix; it was taken without a word)
+    reuse = {"name": "reuses-writer", "agents": [{"name": "writer", "prefix_tokens": 150}],
+             "stages": [{"name": "s", "agent": "writer", "input_tokens": 8, "output_tokens": 4}]}
+    r = httpx.post(base, json=reuse)
+    assert r.status_code == 201 and r.json()["warnings"] == [
+        "agent 'writer' has a 200-token prefix in workflow 'pair' and 150 here: an agent is one prefix on this "
+        "server, which keeps the size it met first; give the agents distinct names"]
+    same = httpx.post(base, json={**reuse, "name": "same-writer", "agents": [{"name": "writer", "prefix_tokens": 200}]})
+    assert [w.split(" here")[0] for w in same.json()["warnings"]] == [  # pair's 200 agrees; the one above not
+        "agent 'writer' has a 150-token prefix in workflow 'reuses-writer' and 200"]
     listed = httpx.post(base, content="[1]").json()["error"]["message"]
     assert listed == "request body: workflow: expected a mapping, got list"
     assert "pair" in httpx.get(base).json()["workflows"]
