@@ -234,3 +234,14 @@ async def test_the_server_watch_tells_a_dead_server_from_a_blip():
         watch.check(handle.url)  # every later call, at once
     watch.forget(handle.url)
     watch.check(handle.url)
+    # a mark lasts GONE_FOR_S: then a call tries again (a server restarted on that URL is used)
+    from topas_agents.integrations.metagpt.server_gone import GONE_FOR_S
+
+    now = [0.0]
+    timed = ServerWatch(clock=lambda: now[0])
+    await timed.after_connection_error(handle.url, blip)
+    now[0] = GONE_FOR_S - 0.1
+    with pytest.raises(ServerGoneError):
+        timed.check(handle.url)
+    now[0] = GONE_FOR_S
+    timed.check(handle.url)
