@@ -5,7 +5,9 @@ waits (ActionNode 1-20 s, WriteCode/WriteCodeReview 1-60 s), and connection erro
 (1-60 s), so one bad server reply costs 20 s to minutes before `Team.run` gives up. There
 is no config knob for it. `fast_retries(attempts, wait_s)` sets the `stop`/`wait` of those
 tenacity retry objects for the duration of a block and restores them after; it is never
-applied at import. Used by the tests and by `topas run --parse-retries N`.
+applied at import. Used by the tests and by `topas run --parse-retries N`. `never_retry(...)`
+likewise wraps their `retry` predicates so that given exceptions are not retried (the runner
+passes `ServerGoneError`: a server that stopped answering, server_gone.py).
 
 Relies on tenacity <= 8.2's decorator calling its own Retrying object (the pinned 8.2.3);
 `fast_retries` checks that each target exposes one and raises otherwise.
@@ -102,4 +104,3 @@ def _unless(exc_types: tuple[type[BaseException], ...], retry: object) -> object
         return bool(retry(state))  # type: ignore[operator]
 
     return decide
-
