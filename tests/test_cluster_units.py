@@ -307,12 +307,10 @@ def test_merge_metrics_groups_families():
 
 # ---------------------------------------------------------------------- stream resumption
 
-def _chat_chunks(text: str, cut: int | None, pieces: int = 3) -> list[ChatCompletionChunk]:
-    step = max(1, len(text) // pieces)
-    parts = [text[i:i + step] for i in range(0, len(text), step)]
-    chunks = [{"role": "assistant", "content": ""}, *({"content": p} for p in parts)]
+def _chunks(deltas: list[dict], cut: int | None, finish: str) -> list[ChatCompletionChunk]:
+    """Chat chunks of `deltas`, cut after delta `cut` (no finish), else ended by `finish`."""
     out = []
-    for n, delta in enumerate(chunks):
+    for n, delta in enumerate(deltas):
         out.append(ChatCompletionChunk.model_validate({
             "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
             "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
@@ -320,8 +318,14 @@ def _chat_chunks(text: str, cut: int | None, pieces: int = 3) -> list[ChatComple
             return out
     out.append(ChatCompletionChunk.model_validate({
         "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
-        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+        "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}))
     return out
+
+
+def _chat_chunks(text: str, cut: int | None, pieces: int = 3) -> list[ChatCompletionChunk]:
+    step = max(1, len(text) // pieces)
+    parts = [text[i:i + step] for i in range(0, len(text), step)]
+    return _chunks([{"role": "assistant", "content": ""}, *({"content": p} for p in parts)], cut, "stop")
 
 
 class _FakeStream:
@@ -365,17 +369,7 @@ def _tool_chunks(args: str, cut: int | None, pieces: int) -> list[ChatCompletion
                                "function": {"name": "get_weather", "arguments": ""}}]},
               *({"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + step]}}]}
                 for i in range(0, len(args), step))]
-    out = []
-    for n, delta in enumerate(deltas):
-        out.append(ChatCompletionChunk.model_validate({
-            "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
-        if cut is not None and n == cut:
-            return out
-    out.append(ChatCompletionChunk.model_validate({
-        "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
-        "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}))
-    return out
+    return _chunks(deltas, cut, "tool_calls")
 
 
 @given(cut=st.integers(0, 6), pieces=st.integers(1, 5), again=st.integers(1, 6))
