@@ -176,28 +176,36 @@ def slope(points: list[tuple[int, float]]) -> float:
     return max(1e-9, sum((x - mx) * (y - my) for x, y in points) / var) if var else 1e-9
 
 
-def _kv_budget(url: str, given: int | None, api_key: str | None = None) -> int | None:
+_STATS = "/v1/topas/stats?calls=0"
+
+
+def _server_json(url: str, path: str, api_key: str | None) -> object:
+    """The server's `path` (from its root) as JSON; None when it has none (another engine) or
+    cannot be reached. A refused key is a ConfigError (it was read as "reports no KV pool size")."""
     import httpx
 
     from ..integrations.task import auth_headers, refused_key_message
 
+    try:
+        rsp = httpx.get(url.removesuffix("/v1") + path, headers=auth_headers(api_key), timeout=10)
+    except httpx.HTTPError:
+        return None
+    if rsp.status_code in (401, 403):
+        raise ConfigError(refused_key_message(url, api_key, rsp.status_code))
+    try:
+        return rsp.json() if rsp.status_code == 200 else None
+    except ValueError:
+        return None
+
+
+def _kv_budget(url: str, given: int | None, api_key: str | None = None, stats: object = None) -> int | None:
+    """`given`, else SGLang's pool size, else a Topas server's budget (from `stats`, its
+    `/v1/topas/stats` when the caller has it already)."""
     if given is not None:
         return given
-    root = url.removesuffix("/v1")
-    for path, read in (("/get_server_info", _sglang_budget), ("/v1/topas/stats?calls=0", _topas_budget)):
-        try:
-            rsp = httpx.get(root + path, headers=auth_headers(api_key), timeout=10)
-        except httpx.HTTPError:
-            continue
-        if rsp.status_code in (401, 403):  # was read as "reports no KV pool size"
-            raise ConfigError(refused_key_message(url, api_key, rsp.status_code))
-        try:
-            value = read(rsp.json()) if rsp.status_code == 200 else None
-        except ValueError:
-            value = None
-        if value is not None:
-            return value
-    return None
+    found = _sglang_budget(_server_json(url, "/get_server_info", api_key))
+    return found if found is not None else _topas_budget(stats if stats is not None else
+                                                         _server_json(url, _STATS, api_key))
 
 
 def _budget(value: object) -> int | None:
@@ -214,16 +222,10 @@ def _sglang_budget(info: object) -> int | None:
     return None
 
 
-def _simulated_time_scale(url: str, api_key: str | None) -> float | None:
+def _simulated_time_scale(stats: object) -> float | None:
     """A `topas serve --engine sim`'s time scale, as its stats report it (None: another engine)."""
-    import httpx
-
-    from ..integrations.task import auth_headers
-
-    try:
-        server = httpx.get(f"{url.removesuffix('/v1')}/v1/topas/stats?calls=0", headers=auth_headers(api_key),
-                           timeout=10).json().get("server") or {}
-    except (httpx.HTTPError, ValueError, AttributeError):
+    server = stats.get("server") if isinstance(stats, dict) else None
+    if not isinstance(server, dict):
         return None
     scale = server.get("time_scale") if server.get("engine") == "sim" else None
     return float(scale) if isinstance(scale, int | float) and not isinstance(scale, bool) else None
@@ -350,8 +352,9 @@ def run(args: argparse.Namespace) -> int:
 
     key = client_api_key(args)
     model = args.model or first_model_id(url, key)
-    budget = _kv_budget(url, args.kv_budget, key)
-    scale = _simulated_time_scale(url, key)
+    stats = _server_json(url, _STATS, key)  # read once: the budget and the time scale
+    budget = _kv_budget(url, args.kv_budget, key, stats)
+    scale = _simulated_time_scale(stats)
     if scale is not None and scale != 1:
         print(f"note: {url} is a simulated server at --time-scale {scale:g}: it serves {scale:g}x faster than the "
               "model it simulates, while the fields taken from --base-profile (KV read, attention, swap) stay "
