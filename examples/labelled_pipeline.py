@@ -5,7 +5,7 @@ plain `openai` client against the embedded OpenAI-compatible simulator.
 
 What it shows:
 - describe the workflow (stages, agents, static prefix sizes) and register it with the server;
-- wrap the client once (`labelled(...)`) and mark each call with `label(task_id, stage, agent)`;
+- wrap the client once (`labelled(...)`) and mark each call with `label(task_id=..., stage=..., agent=...)`;
 - keep each agent's static text first (system message) and the task's dynamic text last, so
   the agent prefix is shared by every task;
 - tell the server when a task is done; read per-task JCT and per-call labels from its stats.

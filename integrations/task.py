@@ -91,7 +91,7 @@ def _report(task_id: str, rsp: httpx.Response | None, exc: Exception | None, mis
     assert rsp is not None
     if rsp.status_code == 404:
         if not missing_ok:
-            log.warning("task-done for %s: the server has no such task or no done endpoint", task_id)
+            log.warning("task-done for %s: %s", task_id, _not_found(rsp))
     elif rsp.status_code in (401, 403):
         log.warning("task-done for %s: the server refused the API key (HTTP %s): give task(api_key=...), "
                     "task(client=...) with the client that holds the server's key, or --api-key",
@@ -99,6 +99,22 @@ def _report(task_id: str, rsp: httpx.Response | None, exc: Exception | None, mis
     elif rsp.status_code >= 400:
         log.warning("task-done for %s: HTTP %s %s", task_id, rsp.status_code, rsp.text[:200])
     return rsp.status_code < 400
+
+
+def _not_found(rsp: httpx.Response) -> str:
+    """Why a done call found nothing: a Topas server names the unknown task (no call of it was
+    ever accepted: refused calls, or calls that went to another server); any other server has
+    no done endpoint."""
+    try:
+        body = rsp.json()
+    except ValueError:
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    if isinstance(message, str) and message.startswith("unknown task"):
+        return (f"the server has no such task ({message[:200]}): none of its calls was accepted there "
+                "(each was refused, or went to another server)")
+    return "the server has no done endpoint (HTTP 404): it is not a Topas server, or not the one the calls went to"
 
 
 def close_task(base_url: str, task_id: str, api_key: str | None = None) -> bool:
@@ -147,7 +163,9 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
     `base_url` (or `client`, an openai client) says where to send the done call; with
     neither, nothing is sent. A server started with an API key needs it on the done call
     too: `api_key`, else the key `client` holds. `task_id` defaults to a fresh unique id (see `.handle`).
-    `close=False` keeps the label scope but sends nothing. Re-entering is an error."""
+    `close=False` keeps the label scope but sends nothing. Entering it while it is entered is
+    an error, and so is entering it again once its exit sent the done call (the server
+    refuses a closed task's calls: a new scope needs a new `task(...)`)."""
 
     def __init__(self, task_id: str | None = None, *, base_url: str | None = None, client: Any = None,
                  workflow: str | None = None, close: bool = True, api_key: str | None = None) -> None:
@@ -166,10 +184,14 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
         # only None means "make one up": an empty id is refused on entry, like any other bad id
         self.handle = TaskHandle(new_task_id() if task_id is None else task_id, url if close else None, workflow)
         self._scope: contextlib.AbstractContextManager[Any] | None = None
+        self._closed = False  # its exit sent the done call
 
     def _enter(self) -> TaskHandle:
         if self._scope is not None:
             raise ConfigError(f"task {self.handle.task_id!r} is already entered")
+        if self._closed:
+            raise ConfigError(f"task {self.handle.task_id!r} was closed when its scope ended (the server "
+                              "refuses a closed task's calls): enter a new task(...) instead")
         scope = labels.label(task_id=self.handle.task_id, workflow=self.handle.workflow)
         scope.__enter__()
         self._scope = scope
@@ -188,16 +210,22 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._exit((et, ev, tb))
-        if self.handle.base_url is not None:
-            close_task(self.handle.base_url, self.handle.task_id, self._done_key())
+        try:
+            self._exit((et, ev, tb))
+        finally:  # the done call goes out whatever the label scope's exit does
+            if self.handle.base_url is not None:
+                self._closed = True
+                close_task(self.handle.base_url, self.handle.task_id, self._done_key())
 
     async def __aenter__(self) -> TaskHandle:
         return self._enter()
 
     async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
                         tb: TracebackType | None) -> None:
-        self._exit((et, ev, tb))
-        if self.handle.base_url is not None:
-            await aclose_task(self.handle.base_url, self.handle.task_id, self._done_key())
+        try:
+            self._exit((et, ev, tb))
+        finally:
+            if self.handle.base_url is not None:
+                self._closed = True
+                await aclose_task(self.handle.base_url, self.handle.task_id, self._done_key())
 

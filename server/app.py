@@ -244,7 +244,8 @@ def _add_openai_routes(app: FastAPI, svc: SimService) -> None:
             body, parsed = await _off_loop(len(raw), cfg.offload_bytes, _decode_call, raw, kind)
             rid = svc.new_rid(kind)
             metadata = body.get("metadata") if kind == "responses" else None  # may carry the label
-            lab = resolve_label(body, request.headers, parsed, svc.registry, rid, _tenant(request), metadata)
+            lab = resolve_label(body, request.headers, parsed, svc.registry, rid, _tenant(request), metadata,
+                                svc.tracker.served_without_dag)
             call = await svc.submit(rid, parsed, lab, endpoint)
         except ApiError as exc:  # a Responses call is checked as the chat call it means
             raise (in_responses_terms(exc) if kind == "responses" else exc) from None

@@ -8,7 +8,7 @@ agent prefix, else the tokens of the leading system message(s).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,9 +42,15 @@ class ResolvedLabel:
         return self.label is not None
 
 
-def _check_workflow(lab: Label, registry: WorkflowRegistry, tenant: Tenant) -> Workflow | None:
-    """The engine's copy of the label's workflow, checked against what `tenant` sees."""
+def _check_workflow(lab: Label, registry: WorkflowRegistry, tenant: Tenant,
+                    served_without_dag: Callable[[str], bool] | None) -> Workflow | None:
+    """The engine's copy of the label's workflow, checked against what `tenant` sees. A task
+    whose first call was served without a DAG (its workflow was not registered then, on a
+    server with none) is served so to its end: a workflow uploaded meanwhile, by anyone, made
+    its next call a 400, or would have given the engine a DAG halfway through the task."""
     if lab.workflow is None:
+        return None
+    if served_without_dag is not None and served_without_dag(qualify(tenant, lab.task_id)):
         return None
     wf = registry.get(lab.workflow, tenant)
     if wf is None:
@@ -66,9 +72,10 @@ def _check_workflow(lab: Label, registry: WorkflowRegistry, tenant: Tenant) -> W
 
 def resolve_label(body: Mapping[str, Any], headers: Mapping[str, str], call: ParsedCall,
                   registry: WorkflowRegistry, rid: str, tenant: Tenant = None,
-                  metadata: Any = None) -> ResolvedLabel:
+                  metadata: Any = None, served_without_dag: Callable[[str], bool] | None = None) -> ResolvedLabel:
     """Raises ApiError(400) naming `topas.<field>` for a malformed or inconsistent label.
-    `metadata`: a Responses request's, read when the body and headers carry no label."""
+    `metadata`: a Responses request's, read when the body and headers carry no label.
+    `served_without_dag(task_id)`: the task is known and its calls are served without a DAG."""
     try:
         lab = parse_label(body, headers)
     except LabelError as exc:
@@ -84,7 +91,7 @@ def resolve_label(body: Mapping[str, Any], headers: Mapping[str, str], call: Par
         # each unlabelled call is its own one-stage task; its prompt is all dynamic input
         return ResolvedLabel(None, "none", qualify(tenant, f"untagged-{rid}"), UNLABELLED_STAGE,
                              qualify(tenant, UNLABELLED_AGENT), None, None, 0, "unlabelled", tenant)
-    wf = _check_workflow(lab, registry, tenant)
+    wf = _check_workflow(lab, registry, tenant, served_without_dag)
     if lab.prefix_tokens is not None:
         prefix, prefix_source = lab.prefix_tokens, "label"
     elif wf is not None:

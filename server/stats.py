@@ -104,12 +104,14 @@ def jct_summary(svc: SimService) -> dict[str, Any]:
 def build_stats(svc: SimService, max_calls: int | None = None, tenant: Tenant = None) -> dict[str, Any]:
     """The whole state; with API keys, `tenant`'s own tasks, calls, prefixes and workflows."""
     t = svc.tracker
-    stages: dict[str, dict[str, int]] = {}
+    # one record per (workflow, stage): a "workflow/stage" key merged `a/b`'s stage `c` with
+    # `a`'s stage `b/c` (names may hold "/"); workflow None: calls labelled without one
+    stages: list[dict[str, Any]] = []
     visible = set(svc.registry.names(tenant))
     for (wf, stage), n in sorted(t.stage_calls.items()):
         if tenant is not None and wf not in visible:  # another tenant's (or unregistered) names
             continue
-        stages[f"{wf}/{stage}" if wf else stage] = {"calls": n, "tasks": t.stage_tasks[(wf, stage)]}
+        stages.append({"workflow": wf or None, "stage": stage, "calls": n, "tasks": t.stage_tasks[(wf, stage)]})
     records = [r for r in svc.records if tenant is None or r.tenant == tenant]
     if max_calls is not None:
         records = records[-max_calls:] if max_calls > 0 else []

@@ -105,7 +105,7 @@ def test_header_round_trip(task_id: str, prefix: int | None) -> None:
 
 def test_context_label_nests_and_resets() -> None:
     assert current_label() is None
-    with label("t", "s1", "a") as outer:
+    with label(task_id="t", stage="s1", agent="a") as outer:
         assert current_label() == outer
         with label(stage="s2") as inner:
             assert inner == Label("t", "s2", "a")
@@ -116,7 +116,7 @@ def test_context_label_nests_and_resets() -> None:
 def test_context_label_validates() -> None:
     with pytest.raises(LabelError), label(task_id="t", stage=""):
         pass
-    with label("t", "s", "a"), pytest.raises(LabelError), label(prefix_tokens=-3):
+    with label(task_id="t", stage="s", agent="a"), pytest.raises(LabelError), label(prefix_tokens=-3):
         pass
     assert current_label() is None and current_fields() == {}
 
@@ -134,7 +134,7 @@ def test_partial_label_is_a_task_scope_until_stage_and_agent_arrive() -> None:
 
 async def test_context_labels_are_isolated_between_tasks() -> None:
     async def work(i: int) -> Label | None:
-        with label(f"t{i}", "s", "a"):
+        with label(task_id=f"t{i}", stage="s", agent="a"):
             await asyncio.sleep(0.01 * (3 - i))
             return current_label()
 

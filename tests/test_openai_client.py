@@ -271,7 +271,7 @@ def test_client_import_path_is_light():
             "from topas_agents.integrations.openai_client import labelled;"
             "from topas_agents.integrations.httpx_labels import labelled_http_client;"
             "from topas_agents.integrations.task import task;"
-            "from topas_agents import label;"
+            "from topas_agents import label, labelled, task, labelled_http_client, StreamCutError, LabelError;"
             "heavy = ('fastapi', 'uvicorn', 'starlette', 'matplotlib', 'numpy', 'metagpt', 'tqdm');"
             "print(json.dumps([m for m in heavy if m in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

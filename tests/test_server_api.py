@@ -249,7 +249,7 @@ def test_workflow_registration_and_stage_inference(server, client) -> None:
     task = next(t for t in stats["tasks"]["items"] if t["task_id"] == "wf-1")
     assert task["stages"]["draft"]["done"] and task["stages"]["review"]["done"]
     assert task["done_reason"] == "workflow" and task["jct_s"] > 0
-    assert stats["stages"]["pair/draft"] == {"calls": 2, "tasks": 1}
+    assert {"workflow": "pair", "stage": "draft", "calls": 2, "tasks": 1} in stats["stages"]
     assert any(p["agent"] == "writer" and p["tokens"] == 200 for p in stats["prefixes"])
 
 
@@ -316,3 +316,28 @@ def test_models_retrieve_answers_the_served_model_and_404s_another(server) -> No
     assert err.value.body["code"] == "model_not_found" and err.value.body["param"] == "model"
     assert "'gpt-4o'" in err.value.body["message"]
     assert httpx.get(f"{server.base_url}/v1/models/org/model%2Fx").status_code == 404  # a path is a name too
+
+
+def test_a_task_served_without_a_dag_stays_so_when_a_workflow_is_uploaded() -> None:
+    # on a server with no workflows any workflow name is served without a DAG; another
+    # client's upload made the task's next call a 400 ("unknown workflow")
+    handle = start_server_in_thread(ServerConfig(time_scale=100.0, drain_timeout_s=2.0))
+    try:
+        c = openai.OpenAI(base_url=handle.url, api_key="unused", max_retries=0, timeout=30)
+
+        def call(task_id: str) -> None:
+            c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                      extra_body={"topas": {"task_id": task_id, "stage": "s", "agent": "a",
+                                                            "workflow": "typo-wf"}})
+
+        call("ST1")
+        wf = {"name": "good", "agents": [{"name": "w", "prefix_tokens": 10}],
+              "stages": [{"name": "s", "agent": "w", "input_tokens": 8, "output_tokens": 4}]}
+        assert httpx.post(f"{handle.base_url}/v1/topas/workflows", json=wf, timeout=10).status_code == 201
+        call("ST1")  # the task as it started
+        with pytest.raises(openai.BadRequestError, match="unknown workflow 'typo-wf'"):
+            call("ST2")  # a new task is checked against what is registered now
+        task = next(t for t in _stats(handle)["tasks"]["items"] if t["task_id"] == "ST1")
+        assert task["stages"]["s"]["calls"] == 2 and not task["workflow_registered"]
+    finally:
+        handle.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import random
 from pathlib import Path
 
@@ -251,3 +252,16 @@ def test_topo_order_respects_dependencies(data):
     for s in wf.stages:
         assert all(pos[d] < pos[s.name] for d in s.after)
         assert wf.depth[s.name] == 1 + max((wf.depth[d] for d in s.after), default=-1)
+
+
+def test_a_workflow_file_of_any_name_is_read(tmp_path) -> None:
+    # a JSON file (YAML reads it) or an upper-case suffix was refused as "unknown workflow"
+    doc = {"name": "j", "agents": [{"name": "a", "prefix_tokens": 10}],
+           "stages": [{"name": "s", "agent": "a", "input_tokens": 8, "output_tokens": 4}]}
+    for name in ("wf.json", "WF.YAML", "workflow"):
+        path = tmp_path / name
+        path.write_text(json.dumps(doc))
+        assert load_workflow(str(path)).name == "j"
+    with pytest.raises(WorkflowError, match="unknown workflow 'nope.json'"):
+        load_workflow("nope.json")
+    assert load_workflow("chain3").name == "chain3"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import operator
 import re
 import reprlib
 import urllib.parse
@@ -88,7 +89,9 @@ def _text(data: Mapping[str, Any], key: str, required: bool) -> str | None:
     problem = text_problem(value)
     if problem is not None:
         raise LabelError(key, problem)
-    return value
+    # a str subclass (`class Stage(str, Enum)`) as its text: str() of such an enum member is
+    # "Stage.PLAN", which the header hook sent while the body wrappers sent "plan"
+    return value if type(value) is str else str.__str__(value)
 
 
 def check_label_text(field: str, value: Any) -> str:
@@ -121,10 +124,12 @@ def _prefix_tokens(value: Any) -> int | None:
     digits = value.strip() if isinstance(value, str) else ""
     if digits.isascii() and digits.isdigit() and len(digits) <= len(str(MAX_PREFIX_TOKENS)):
         value = int(digits)
+    elif not isinstance(value, bool | int | str) and hasattr(type(value), "__index__"):
+        value = operator.index(value)  # numpy.int64 and other integer types: as the int they are
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PREFIX_TOKENS:
         raise LabelError("prefix_tokens", f"must be an integer >= 0 and <= {MAX_PREFIX_TOKENS}, "
-                                          f"got {_clip(value)}")
-    return value
+                                          f"got {_clip(value)} ({type(value).__name__})")
+    return int(value)
 
 
 REQUIRED = ("task_id", "stage", "agent")
@@ -251,21 +256,62 @@ def current_label() -> Label | None:
     return Label(**fields) if all(k in fields for k in REQUIRED) else None
 
 
+def _scoped(outer: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields an inner label puts in force over `outer`. A field left None inherits,
+    except where it belongs to a field the inner label changes: a new task id starts afresh
+    (another task's workflow, stage and agent are not this one's), a new agent drops the
+    inherited prefix size (a prefix is an agent's: it was fixed on the server for the new
+    agent at its first call), and a new workflow drops the inherited stage (stage names are
+    per workflow)."""
+    new = {k: v for k, v in given.items() if v is not None}
+    inherited = dict(outer)
+    if "task_id" in new and new["task_id"] != inherited.get("task_id"):
+        inherited = {}
+    if "agent" in new and new["agent"] != inherited.get("agent"):
+        inherited.pop("prefix_tokens", None)
+    if "workflow" in new and new["workflow"] != inherited.get("workflow"):
+        inherited.pop("stage", None)
+    return {**inherited, **new}
+
+
 @contextlib.contextmanager
-def label(task_id: str | None = None, stage: str | None = None, agent: str | None = None,
+def label(*, task_id: str | None = None, stage: str | None = None, agent: str | None = None,
           workflow: str | None = None, prefix_tokens: int | None = None) -> Iterator[Label | None]:
-    """Label every LLM call made inside the block. Fields left None inherit the enclosing label.
+    """Label every LLM call made inside the block. Fields left None inherit the enclosing
+    label, except those tied to a field this block changes (`_scoped`: a new task id starts
+    afresh, a new agent drops the prefix size, a new workflow the stage). Keyword-only: a
+    positional first argument silently named another task.
 
     A partial label is valid (e.g. `label(task_id="t1")` around a framework whose roles add
     stage and agent); calls made while task_id, stage or agent is missing go unlabelled.
     Yields the complete label, or None while it is partial. Uses contextvars, so it follows
     asyncio tasks created inside the block and is isolated between concurrent tasks.
+
+    Do not yield from a generator inside the block: the generator runs in its consumer's
+    context, so the label is in force in the consumer between the generator's steps, and a
+    generator finalised elsewhere exits in another context. Such an exit restores the label
+    it replaced only where this block's label is still the one in force, and never raises.
     """
-    given = {"task_id": task_id, "stage": stage, "agent": agent, "workflow": workflow,
-             "prefix_tokens": prefix_tokens}
-    merged = {**(_CURRENT.get() or {}), **{k: v for k, v in given.items() if v is not None}}
-    token = _CURRENT.set(MappingProxyType(label_fields(merged, complete=False)))
+    outer = _CURRENT.get()
+    mine = MappingProxyType(label_fields(_scoped(outer or {}, {
+        "task_id": task_id, "stage": stage, "agent": agent, "workflow": workflow,
+        "prefix_tokens": prefix_tokens}), complete=False))
+    token = _CURRENT.set(mine)
     try:
         yield current_label()
     finally:
+        _restore(token, mine, outer)
+
+
+def _restore(token: contextvars.Token[Mapping[str, Any] | None], mine: Mapping[str, Any],
+             outer: Mapping[str, Any] | None) -> None:
+    """Undo a label block: leave alone a label that another block (entered after this one and
+    still open, e.g. the consumer of a generator) put in force; in another context (a
+    generator closed from another asyncio task), set the outer label instead of raising
+    "created in a different Context", which lost the task's done call."""
+    if _CURRENT.get() is not mine:
+        return
+    try:
         _CURRENT.reset(token)
+    except ValueError:
+        _CURRENT.set(outer)

@@ -128,6 +128,12 @@ class TaskTracker:
                 f"task '{task_id}' uses workflow {task.workflow_name!r}, got {workflow_name!r}")
         return task.arrival_s, task
 
+    def served_without_dag(self, task_id: str) -> bool:
+        """The task is known and labelled with a workflow it is served without (one that was
+        not registered at its first call)."""
+        task = self.active.get(task_id) or self.finished.get(task_id)
+        return task is not None and task.workflow is None and task.workflow_name is not None
+
     def next_round(self, task_id: str, stage: str) -> int:
         task = self.active.get(task_id) or self.finished.get(task_id)
         if task is None or stage not in task.stages:

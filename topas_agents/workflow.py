@@ -92,11 +92,14 @@ def load_workflow(name_or_path: str | Path) -> Workflow:
     if isinstance(name_or_path, str) and name_or_path in DERIVED_WORKFLOWS:
         return _derived(name_or_path)
     path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
-        path = builtin_workflow_dir() / f"{name_or_path}.yaml"
-        if not path.exists():
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        builtin = builtin_workflow_dir() / f"{name_or_path}.yaml"
+        if builtin.exists():
+            path = builtin
+        elif not path.is_file():  # any other existing file is read as YAML (JSON included)
             known = ", ".join([*builtin_workflows(), *DERIVED_WORKFLOWS])
-            raise WorkflowError(f"unknown workflow '{name_or_path}' (built-in: {known}; or give a .yaml path)")
+            raise WorkflowError(f"unknown workflow '{name_or_path}' (built-in: {known}; or give a "
+                                "workflow file's path)")
     if not path.exists():
         raise WorkflowError(f"workflow file not found: {path}")
     try:
