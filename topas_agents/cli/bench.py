@@ -81,7 +81,7 @@ def add_parser(subparsers: Any) -> None:
         description="Run every policy on the same Poisson arrival trace at each rate/load and "
         "compare mean/p99 JCT against an oracle lower bound. With --seeds: per policy the paper "
         "rule (section V-A: each metric averaged over the points, ratio to the baseline with the "
-        "lowest average), its mean over seeds and a 95%% t confidence interval.")
+        "lowest average), its mean over seeds and a 95% t confidence interval.")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--workload", metavar="NAME|PATH.yaml", help="built-in workflow name or YAML file")
     src.add_argument("--trace", metavar="FILE.jsonl", help="replay recorded calls (see topas_agents/bench/trace.py)")
