@@ -28,7 +28,7 @@ from .protocol import ParsedCall, parse_chat, parse_completion
 from .responders import Responder, make_responder
 from .responses_api import ResponsesWriter, chat_body, in_responses_terms, response_object
 from .service import EngineFactory, SimService
-from .stats import build_stats
+from .stats import build_stats_json
 from .tenancy import EXEMPT_PATHS, Tenant, authenticate_scope, tenant_ids
 from .textcheck import MAYBE_SURROGATE as _MAYBE_SURROGATE
 from .textcheck import has_lone_surrogate
@@ -305,9 +305,13 @@ def _add_topas_routes(app: FastAPI, svc: SimService, fits: Callable[[Workflow], 
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/v1/topas/stats")
-    async def stats(request: Request) -> dict[str, Any]:
+    async def stats(request: Request) -> Response:
         calls, tenant = _calls_param(request.query_params.get("calls")), _tenant(request)
-        return await svc.in_engine(lambda: build_stats(svc, calls, tenant))
+        # JSON text as is: returning the dict ran FastAPI's jsonable_encoder over every row on
+        # the event loop (0.2 s with 10 000 calls and tasks); rows that no longer change are
+        # encoded once (stats.StatsRows)
+        text = await svc.in_engine(lambda: build_stats_json(svc, calls, tenant))
+        return Response(text, media_type="application/json")
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from .api_errors import ApiError, bad_request
+
+CLIENT_GONE = 499  # nginx's "client closed request": counted so, never as a 5xx
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -20,11 +22,14 @@ async def read_body(request: Request, limit: int) -> bytes:
     if length.isascii() and length.isdigit() and (len(length) > 19 or int(length) > limit):
         raise _too_large(limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:  # escaped as an "unhandled error" 500 with a traceback
+        raise ApiError(CLIENT_GONE, "the client disconnected while sending the request body") from None
     return b"".join(chunks)
 
 

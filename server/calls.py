@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from .api_errors import ApiError
@@ -50,11 +50,16 @@ class CallRecord:
         return unqualify(self.tenant, self.agent)
 
     def to_json(self) -> dict[str, Any]:
-        """As the record's own tenant sees it (names unqualified, no tenant field)."""
-        out = asdict(self)
-        del out["tenant"]
-        out.update(task_id=self.public_task_id, agent=self.public_agent)
+        """As the record's own tenant sees it (names unqualified, no tenant field). Built field
+        by field: `dataclasses.asdict` (recursive deep copies) made a stats request with 10 000
+        records take 0.3 s on the engine task, which froze serving meanwhile."""
+        out = {name: getattr(self, name) for name in _PUBLIC_FIELDS}
+        out.update(label=dict(self.label) if self.label is not None else None,
+                   task_id=self.public_task_id, agent=self.public_agent)
         return out
+
+
+_PUBLIC_FIELDS = tuple(f.name for f in fields(CallRecord) if f.name != "tenant")
 
 
 class Call:

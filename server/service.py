@@ -31,6 +31,7 @@ from .metrics import ServiceMetrics
 from .openai_format import ToolCall
 from .protocol import ParsedCall
 from .responders import Responder, ResponseContext
+from .stats import StatsRows
 from .tenancy import qualify, tenant_names
 from .tokens import count_tokens, truncate
 from .workflows import WorkflowRegistry
@@ -55,6 +56,7 @@ class SimService:
         self.tracker = TaskTracker(config.task_idle_timeout_s, config.max_task_history)
         self.calls: dict[str, Call] = {}  # in flight
         self.records: collections.deque[CallRecord] = collections.deque(maxlen=config.max_call_history)
+        self.stats_rows = StatsRows()  # /v1/topas/stats rows that no longer change, encoded once
         self.requests: collections.Counter[tuple[str, int]] = collections.Counter()  # (endpoint, status)
         self.call_status: collections.Counter[str] = collections.Counter()
         self.metrics = ServiceMetrics(self)  # /metrics: this service's own registry and histograms

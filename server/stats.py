@@ -6,7 +6,9 @@ Built inside the engine task (it reads the engine's snapshot and stats).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+import json
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, get_args
 
 from topas_agents.percentile import percentile_or_none
@@ -101,8 +103,82 @@ def jct_summary(svc: SimService) -> dict[str, Any]:
             "p50_s": q(0.5), "p90_s": q(0.9), "p99_s": q(0.99)}
 
 
-def build_stats(svc: SimService, max_calls: int | None = None, tenant: Tenant = None) -> dict[str, Any]:
-    """The whole state; with API keys, `tenant`'s own tasks, calls, prefixes and workflows."""
+class StatsRows:
+    """The JSON text of stats rows that no longer change (a finished call's record, a task in
+    the finished history), kept between stats requests. With 10 000 calls and tasks a request
+    built and encoded 8 MB of rows on the engine task, 0.2-0.4 s during which nothing else
+    was served (/health waited 0.4 s); now it encodes only the rows that moved since the last
+    request and joins the rest. An entry is valid while its row is the same object at the same
+    version; rows gone from the histories are dropped when the cache outgrows them."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, str, Tenant], tuple[object, object, str]] = {}
+
+    def text(self, key: tuple[str, str, Tenant], row: object, version: object,
+             build: Callable[[], dict[str, Any]]) -> str:
+        hit = self._rows.get(key)
+        if hit is not None and hit[0] is row and hit[1] == version:
+            return hit[2]
+        text = json.dumps(build())
+        self._rows[key] = (row, version, text)
+        return text
+
+    def prune(self, live: set[tuple[str, str, Tenant]]) -> None:
+        if len(self._rows) > 2 * len(live) + 1024:
+            self._rows = {k: v for k, v in self._rows.items() if k in live}
+
+
+def _task_rows(svc: SimService, tenant: Tenant, seen: set[tuple[str, str, Tenant]]) -> list[str]:
+    t = svc.tracker
+    rows = [json.dumps(task_json(x, tenant)) for x in t.active.values() if owned_by(tenant, x.task_id)]
+    for x in t.finished.values():  # a finished task is reopened by moving it back to `active`
+        if owned_by(tenant, x.task_id):
+            key = ("task", x.task_id, tenant)
+            seen.add(key)
+            rows.append(svc.stats_rows.text(key, x, (x.finish_s, x.reopened), lambda x=x: task_json(x, tenant)))
+    return rows
+
+
+def _call_rows(svc: SimService, records: list[Any], seen: set[tuple[str, str, Tenant]]) -> list[str]:
+    rows = []
+    for r in records:
+        if r.status == "running":
+            rows.append(json.dumps(r.to_json()))
+        else:  # a record's fields are final with its status
+            key = ("call", r.rid, None)
+            seen.add(key)
+            rows.append(svc.stats_rows.text(key, r, r.status, r.to_json))
+    return rows
+
+
+# Stand-ins for the two row lists in the encoded head: a NUL never reaches a name or label
+# (`labels.text_problem` refuses control characters), and the suffix is random per process.
+_ROWS_MARK = f"\0rows-{uuid.uuid4().hex}-"
+
+
+def build_stats_json(svc: SimService, max_calls: int | None = None, tenant: Tenant = None) -> str:
+    """`build_stats` as JSON text, the unchanged rows from `svc.stats_rows`."""
+    seen: set[tuple[str, str, Tenant]] = set()
+    tasks = _task_rows(svc, tenant, seen)
+    calls = _call_rows(svc, _records(svc, max_calls, tenant), seen)
+    svc.stats_rows.prune(seen)
+    head = json.dumps(build_stats(svc, max_calls, tenant, rows=False))
+    for name, rows in (("tasks", tasks), ("calls", calls)):
+        head = head.replace(json.dumps(_ROWS_MARK + name), f"[{', '.join(rows)}]", 1)
+    return head
+
+
+def _records(svc: SimService, max_calls: int | None, tenant: Tenant) -> list[Any]:
+    records = [r for r in svc.records if tenant is None or r.tenant == tenant]
+    if max_calls is not None:
+        records = records[-max_calls:] if max_calls > 0 else []
+    return records
+
+
+def build_stats(svc: SimService, max_calls: int | None = None, tenant: Tenant = None,
+                rows: bool = True) -> dict[str, Any]:
+    """The whole state; with API keys, `tenant`'s own tasks, calls, prefixes and workflows.
+    `rows=False`: without the task items and call records (`build_stats_json` adds them)."""
     t = svc.tracker
     # one record per (workflow, stage): a "workflow/stage" key merged `a/b`'s stage `c` with
     # `a`'s stage `b/c` (names may hold "/"); workflow None: calls labelled without one
@@ -112,9 +188,6 @@ def build_stats(svc: SimService, max_calls: int | None = None, tenant: Tenant = 
         if tenant is not None and wf not in visible:  # another tenant's (or unregistered) names
             continue
         stages.append({"workflow": wf or None, "stage": stage, "calls": n, "tasks": t.stage_tasks[(wf, stage)]})
-    records = [r for r in svc.records if tenant is None or r.tenant == tenant]
-    if max_calls is not None:
-        records = records[-max_calls:] if max_calls > 0 else []
     cfg = svc.config
     return {
         "server": {"engine": cfg.engine, "policy": cfg.policy, "profile": cfg.profile,
@@ -131,8 +204,8 @@ def build_stats(svc: SimService, max_calls: int | None = None, tenant: Tenant = 
             "active": len(t.active),
             "done": t.jct_count,
             "items": [task_json(x, tenant) for x in list(t.active.values()) + list(t.finished.values())
-                      if owned_by(tenant, x.task_id)],
+                      if owned_by(tenant, x.task_id)] if rows else _ROWS_MARK + "tasks",
         },
         "stages": stages,
-        "calls": [r.to_json() for r in records],
+        "calls": [r.to_json() for r in _records(svc, max_calls, tenant)] if rows else _ROWS_MARK + "calls",
     }

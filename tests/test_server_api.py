@@ -341,3 +341,24 @@ def test_a_task_served_without_a_dag_stays_so_when_a_workflow_is_uploaded() -> N
         assert task["stages"]["s"]["calls"] == 2 and not task["workflow_registered"]
     finally:
         handle.stop()
+
+
+def test_stats_rows_encoded_once_are_the_rows_a_full_build_gives(server, client) -> None:
+    # /v1/topas/stats joins cached JSON of rows that no longer change; after a task is reopened
+    # (a late call) and calls finish, the text must still be the full build's
+    import json as _json
+
+    from topas_agents.server.stats import build_stats, build_stats_json
+
+    lab = {"task_id": "rows-1", "stage": "s1", "agent": "a", "workflow": "chain3"}
+    for stage in ("s1", "s2", "s3"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=4,
+                                       extra_body={"topas": dict(lab, stage=stage, agent={"s1": "a", "s2": "b", "s3": "c"}[stage])})
+    first = _stats(server)
+    assert next(t for t in first["tasks"]["items"] if t["task_id"] == "rows-1")["done"]
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=4,
+                                   extra_body={"topas": dict(lab, stage="s3", agent="c")})  # reopens it
+    svc = server.service
+    assert _json.loads(build_stats_json(svc)) == _json.loads(_json.dumps(build_stats(svc)))
+    again = next(t for t in _stats(server)["tasks"]["items"] if t["task_id"] == "rows-1")
+    assert again["reopened"] == 1 and again["stages"]["s3"]["calls"] == 2

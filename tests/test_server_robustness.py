@@ -216,3 +216,23 @@ def test_a_crashed_engine_loop_fails_calls_instead_of_hanging(monkeypatch) -> No
         assert health.status_code == 503 and health.json()["status"] == "failed"
     finally:
         handle.stop()
+
+
+def test_a_client_gone_during_its_body_upload_is_no_server_error() -> None:
+    # starlette's ClientDisconnect escaped read_body: an "unhandled error" traceback and a 500
+    import socket
+
+    handle = start_server_in_thread(ServerConfig(time_scale=100.0, workflows=("chain3",)))
+    try:
+        host, port = handle.base_url.removeprefix("http://").split(":")
+        for path in ("/v1/chat/completions", "/v1/responses", "/v1/topas/workflows"):
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n".encode()
+                          + b'{"messages":')
+        time.sleep(0.5)
+        http = _stats(handle)["requests"]["http"]
+        assert [h for h in http if h["status"] >= 500] == []
+        assert sum(h["count"] for h in http if h["status"] == 499) == 3
+        assert 'status="500"' not in httpx.get(f"{handle.base_url}/metrics", timeout=10).text
+    finally:
+        handle.stop()
