@@ -140,7 +140,8 @@ class TaskJct:
 @dataclass(slots=True)
 class DecisionLatency:
     """Every policy decision's wall-clock time, caught up at scrape time from the engine's
-    append-only list (`SimEngine.decision_times_s(start)`): each decision is observed once."""
+    bounded list (`SimEngine.decision_times_s(start)`, `decision_count`): each decision is
+    observed once."""
 
     hist: LatencyHistogram = field(default_factory=lambda: LatencyHistogram(DECISION_BUCKETS_S))
     seen: int = 0
@@ -153,7 +154,9 @@ class DecisionLatency:
             return False
         new = times(self.seen)
         self.hist.observe_many(new)
-        self.seen += len(new)
+        # the engine keeps the latest times only: a reader that fell behind skips the dropped
+        count = getattr(engine, "decision_count", None)
+        self.seen = count if isinstance(count, int) else self.seen + len(new)
         return True
 
 

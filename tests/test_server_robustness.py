@@ -236,3 +236,31 @@ def test_a_client_gone_during_its_body_upload_is_no_server_error() -> None:
         assert 'status="500"' not in httpx.get(f"{handle.base_url}/metrics", timeout=10).text
     finally:
         handle.stop()
+
+
+def test_a_task_whose_only_call_was_cancelled_has_no_jct(realtime) -> None:
+    # a client that gave up after 0.5 s made an unlabelled "single" task with a 0.5 s JCT,
+    # and a labelled task that ended "idle" with its cancelled call's span: timeouts under
+    # overload read as short tasks
+    before = _stats(realtime)
+    client = openai.OpenAI(base_url=realtime.url, api_key="x", max_retries=0, timeout=0.5)
+    with pytest.raises(openai.APITimeoutError):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                       extra_body=_long("gone-1"))
+    with pytest.raises(openai.APITimeoutError):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x " * 4000}], max_tokens=4000)
+    httpx.post(f"{realtime.base_url}/v1/topas/tasks/gone-1/done", timeout=10)
+
+    def both_ended() -> bool:
+        s = _stats(realtime)
+        return s["tasks"]["abandoned"] == before["tasks"]["abandoned"] + 2 and s["requests"]["in_flight"] == 0
+
+    _wait_for(both_ended)
+    after = _stats(realtime)
+    assert after["jct"]["count"] == before["jct"]["count"]
+    task = next(t for t in after["tasks"]["items"] if t["task_id"] == "gone-1")
+    assert task["done_reason"] == "abandoned"
+    metrics = httpx.get(f"{realtime.base_url}/metrics", timeout=10).text
+    count = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith("topas_task_jct_seconds_count"))
+    assert count == after["jct"]["count"]

@@ -26,7 +26,10 @@ from typing import Literal, NamedTuple
 from .errors import TaskClosedError, TaskWorkflowMismatchError, UnknownStageError, UnknownTaskError
 from .workflow import Workflow
 
-DoneReason = Literal["explicit", "workflow", "single", "idle"]
+# "abandoned": it ended without one call that finished (every call cancelled or failed: a
+# client that gave up). Its span is no JCT: counting it made timeouts under overload read as
+# short tasks.
+DoneReason = Literal["explicit", "workflow", "single", "idle", "abandoned"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,7 @@ class TaskTracker:
         # counted, so conclusions - reopens_total == jct_count at any time.
         self.on_conclude: Callable[[TaskState], None] | None = None
         self.reopens_total = 0
+        self.abandoned = 0  # tasks that ended "abandoned" since the start (no JCT), less reopened ones
 
     # ------------------------------------------------------------------ calls
 
@@ -146,11 +150,14 @@ class TaskTracker:
         task = self.active.get(task_id)
         if task is None:
             task = self.finished.pop(task_id, None)
-            if task is not None:  # concluded by inference or idleness, but not done after all
+            if task is not None and task.done_reason == "abandoned":  # never counted as a JCT
+                self.abandoned -= 1
+            elif task is not None:  # concluded by inference or idleness, but not done after all
                 self.jct_count -= 1
                 self.jct_sum -= task.jct_s or 0.0
                 self._forget_jct(task_id)
                 self.reopens_total += 1
+            if task is not None:
                 task.done_reason, task.finish_s, task.reopened = None, None, task.reopened + 1
             else:
                 task = TaskState(task_id, workflow, workflow_name, now_s, unlabelled, now_wall)
@@ -272,11 +279,16 @@ class TaskTracker:
             if not st.done and st.calls > 0:
                 actions.append(StageDoneAction(task.task_id, name))
             st.done, st.closing = True, False
+        if not any(st.finished for st in task.stages.values()):
+            reason = "abandoned"
         task.done_reason, task.finish_s, task.closing = reason, finish_s, False
         del self.active[task.task_id]
         self.finished[task.task_id] = task
         while len(self.finished) > self._max_history:
             self.finished.popitem(last=False)
+        if reason == "abandoned":
+            self.abandoned += 1
+            return actions + [TaskDoneAction(task.task_id)]
         self.jcts.append(ConcludedJct(task.task_id, finish_s - task.arrival_s))
         self.jct_count += 1
         self.jct_sum += finish_s - task.arrival_s

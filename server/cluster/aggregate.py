@@ -123,7 +123,8 @@ def common_server(bodies: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def _jct(tasks: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     jcts = sorted(t["finish_s"] - t["arrival_s"] for t in tasks.values()
-                  if t["done"] and t["finish_s"] is not None and t["arrival_s"] is not None)
+                  if t["done"] and t["finish_s"] is not None and t["arrival_s"] is not None
+                  and t.get("done_reason") != "abandoned")  # no call finished: no JCT
     return {"count": len(jcts), "mean_s": sum(jcts) / len(jcts) if jcts else None,
             "p50_s": _quantile(jcts, 0.5), "p90_s": _quantile(jcts, 0.9), "p99_s": _quantile(jcts, 0.99)}
 

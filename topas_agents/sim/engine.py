@@ -21,15 +21,13 @@ import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-import numpy as np
-
 from ..costmodel import Profile
 from ..engine import EngineRequest, OverBudgetError, RequestError
 from ..errors import ConfigError, DecisionError, TopasError
-from ..percentile import percentile
 from ..policies import Policy
 from ..snapshot import Decision, Snapshot, check_decision
 from ..workflow import Workflow
+from .decision_times import DecisionTimes
 from .events import CALLBACK, TRANSFER, EventHeap
 from .fills import PrefillQueue
 from .integrity import check_engine
@@ -66,7 +64,7 @@ class SimEngine:
         self.now = 0.0
         self.on_finish: Callable[[str, float], None] | None = None
         self._dirty = False  # something happened since the last decision
-        self._decision_s: list[float] = []
+        self._decision_s = DecisionTimes()
         self._heap = EventHeap()
         self._requests = RequestTable()
         self._tasks = Tasks()
@@ -237,7 +235,7 @@ class SimEngine:
         snap = self._views.snapshot(self.now, self._tasks.take_events(), self.workflows)
         t0 = time.perf_counter()
         decision = self.policy.decide(snap)
-        self._decision_s.append(time.perf_counter() - t0)
+        self._decision_s.add(time.perf_counter() - t0)
         if not isinstance(decision, Decision):
             raise DecisionError(f"policy {self._policy_name()} returned {type(decision).__name__}, not a Decision")
         if not decision.empty:  # an empty decision keeps a valid state valid: nothing to check
@@ -302,12 +300,12 @@ class SimEngine:
                      host_tier=self.host_tier)
 
     def stats(self) -> EngineStats:
-        ms = np.asarray(self._decision_s) * 1e3
+        times = self._decision_s
         gpu, res, reqs = self._gpu, self._residency, self._requests
         return EngineStats(
-            decisions=len(ms),
-            decision_ms_mean=float(ms.mean()) if len(ms) else 0.0,
-            decision_ms_p99=percentile(ms, 99) if len(ms) else 0.0,
+            decisions=times.count,
+            decision_ms_mean=times.mean_ms(),
+            decision_ms_p99=times.p99_ms(),  # over the last KEPT_DECISIONS
             mean_batch=gpu.batch_time / gpu.decode_time if gpu.decode_time else 0.0,
             prefix_swaps_in=res.swaps_in,
             prefix_swaps_out=res.swaps_out,
@@ -325,9 +323,14 @@ class SimEngine:
         )
 
     def decision_times_s(self, start: int = 0) -> list[float]:
-        """Wall-clock seconds of each policy decision from the `start`-th on (the list only
-        grows, so a reader can keep its place: /metrics observes each one once)."""
-        return self._decision_s[start:]
+        """Wall-clock seconds of each policy decision from the `start`-th on, of the last
+        KEPT_DECISIONS (a reader keeps its place with `decision_count`: /metrics observes each
+        one once)."""
+        return self._decision_s.since(start)
+
+    @property
+    def decision_count(self) -> int:
+        return self._decision_s.count
 
     def prefix_cache_counts(self) -> dict[str, PrefixCacheCount]:
         """Per agent prefix: cumulative prefix-cache queries and hits in tokens."""
