@@ -175,7 +175,7 @@ class SimService:
         except TopasError as exc:  # OverBudgetError and friends: the request can never run
             raise bad_request(str(exc), self._over_budget_param(call, lab, input_tokens)) from None
         actions = self.tracker.commit_call(lab.task_id, lab.stage, lab.workflow, lab.workflow_name,
-                                           not lab.labelled, now, self._wall())
+                                           not lab.labelled, now, self._wall(), owner=lab.tenant)
         self._apply(actions)
         record = CallRecord(rid, endpoint, lab.label.to_body() if lab.label else None, lab.source,
                             lab.task_id, lab.stage, lab.agent, lab.workflow_name, round_, lab.prefix_tokens,

@@ -181,13 +181,11 @@ def build_stats(svc: SimService, max_calls: int | None = None, tenant: Tenant = 
     `rows=False`: without the task items and call records (`build_stats_json` adds them)."""
     t = svc.tracker
     # one record per (workflow, stage): a "workflow/stage" key merged `a/b`'s stage `c` with
-    # `a`'s stage `b/c` (names may hold "/"); workflow None: calls labelled without one
-    stages: list[dict[str, Any]] = []
-    visible = set(svc.registry.names(tenant))
-    for (wf, stage), n in sorted(t.stage_calls.items()):
-        if tenant is not None and wf not in visible:  # another tenant's (or unregistered) names
-            continue
-        stages.append({"workflow": wf or None, "stage": stage, "calls": n, "tasks": t.stage_tasks[(wf, stage)]})
+    # `a`'s stage `b/c` (names may hold "/"); workflow None: calls labelled without one. With
+    # API keys, each key's own calls (a shared built-in's counts showed every key's calls)
+    stages = [{"workflow": key.workflow, "stage": key.stage, "calls": n, "tasks": t.stage_tasks[key]}
+              for key, n in sorted(t.stage_calls.items(), key=lambda kv: (kv[0].workflow or "", kv[0].stage))
+              if key.owner == tenant]
     cfg = svc.config
     return {
         "server": {"engine": cfg.engine, "policy": cfg.policy, "profile": cfg.profile,

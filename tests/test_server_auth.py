@@ -172,3 +172,21 @@ async def test_task_scopes_close_their_task_on_a_keyed_server(srv, caplog):
     assert "refused the API key (HTTP 401)" in caplog.text and "task(api_key=...)" in caplog.text
     with pytest.raises(ConfigError, match="api_key"):
         task("t", base_url=srv.url, api_key="bad\nkey")
+
+
+def test_per_stage_counts_are_each_keys_own(srv):
+    # keyed by workflow name only: key B saw key A's calls of the shared built-in chain3, and
+    # neither saw its own unlabelled or workflow-less calls
+    def counts(c: httpx.Client) -> dict:
+        return {(s["workflow"], s["stage"]): s["calls"] for s in c.get("/v1/topas/stats").json()["stages"]}
+
+    with _client(srv, A) as a, _client(srv, B) as b:
+        mine_before, theirs_before = counts(a), counts(b)
+        for i in range(2):
+            lab = {"task_id": f"stage-count-{i}", "stage": "s1", "agent": "a", "workflow": "chain3"}
+            assert a.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2, "topas": lab}).status_code == 200
+        free = {"task_id": "no-wf", "stage": "own-stage", "agent": "x"}
+        assert a.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2, "topas": free}).status_code == 200
+        mine, theirs = counts(a), counts(b)
+    assert mine[("chain3", "s1")] == mine_before.get(("chain3", "s1"), 0) + 2 and mine[(None, "own-stage")] == 1
+    assert theirs == theirs_before

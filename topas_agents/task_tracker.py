@@ -100,14 +100,22 @@ def ancestors(wf: Workflow, stage: str) -> tuple[str, ...]:
     return tuple(s for s in wf.topo_order if s in seen)
 
 
+class StageKey(NamedTuple):
+    """What the per-stage call and task counts are kept by."""
+
+    owner: str | None
+    workflow: str | None  # as labelled (None: labelled without one, or unlabelled)
+    stage: str
+
+
 class TaskTracker:
     def __init__(self, idle_timeout_s: float, max_history: int) -> None:
         self.idle_timeout_s = idle_timeout_s
         self.active: dict[str, TaskState] = {}
         self.finished: collections.OrderedDict[str, TaskState] = collections.OrderedDict()
         self._max_history = max_history
-        self.stage_calls: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.stage_tasks: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.stage_calls: collections.Counter[StageKey] = collections.Counter()
+        self.stage_tasks: collections.Counter[StageKey] = collections.Counter()
         self.jcts: collections.deque[ConcludedJct] = collections.deque(maxlen=max_history)
         self.jct_count = 0
         self.jct_sum = 0.0
@@ -145,8 +153,10 @@ class TaskTracker:
         return task.stages[stage].calls
 
     def commit_call(self, task_id: str, stage: str, workflow: Workflow | None, workflow_name: str | None,
-                    unlabelled: bool, now_s: float, now_wall: float) -> list[Action]:
-        """Record a submitted call; returns the stage completions it implies."""
+                    unlabelled: bool, now_s: float, now_wall: float, owner: str | None = None) -> list[Action]:
+        """Record a submitted call; returns the stage completions it implies. `owner`: whose
+        call it is where several clients share the tracker (the server's API keys), so the
+        per-stage counts of a workflow they share stay each one's own."""
         task = self.active.get(task_id)
         if task is None:
             task = self.finished.pop(task_id, None)
@@ -167,7 +177,7 @@ class TaskTracker:
             for anc in ancestors(workflow, stage):
                 actions += self._close_stage(task, anc)
         st = task.stage(stage)
-        key = (workflow_name or "", stage)
+        key = StageKey(owner, workflow_name, stage)
         if st.calls == 0:
             self.stage_tasks[key] += 1
         self.stage_calls[key] += 1
