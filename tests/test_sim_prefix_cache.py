@@ -10,6 +10,7 @@ from topas_agents.costmodel import load_profile
 from topas_agents.policies import make_policy
 from topas_agents.sim import EngineRequest, PrefixCacheCount, SimEngine
 from topas_agents.snapshot import Decision, Snapshot
+from topas_agents.workflow import load_workflow
 
 PROFILE = load_profile()
 PREFIX = {"a": 1000, "b": 3000, "c": 0}
@@ -116,3 +117,22 @@ def test_decision_times_are_bounded_and_a_reader_keeps_its_place() -> None:
     assert times.since(0) == [0.006, 0.007, 0.008, 0.009]  # the dropped are skipped
     assert times.since(8) == [0.008, 0.009] and times.since(10) == [] and times.since(12) == []
     assert abs(times.p99_ms() - 8.97) < 1e-9  # over the kept ones
+
+
+def test_idle_undeclared_agents_are_forgotten_past_the_floor(monkeypatch) -> None:
+    # one prefix record per agent name for the engine's life: clients naming an agent per
+    # task made every decision slower and slower
+    from topas_agents.sim import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "FORGET_PREFIXES_PAST", 8)
+    eng = SimEngine(load_profile("a100-80g-qwen2.5-32b"), make_policy("lpm"), workflows={"chain3": load_workflow("chain3")},
+                    kv_budget=6000, check=True)
+    for i in range(40):
+        eng.submit(EngineRequest(rid=f"r{i}", task_id=f"t{i}", workflow=None, stage="s", agent=f"agent-{i}",
+                                 prefix_tokens=1000, input_tokens=10, output_tokens=2, max_new_tokens=2))
+        eng.advance(eng.now + 5.0)
+    counts = eng.prefix_cache_counts()
+    assert len(eng.snapshot().prefixes) < 40  # forgotten: at most twice the floor, plus what is resident
+    assert set(counts) == {f"agent-{i}" for i in range(40)} | {"a", "b", "c"}  # counters survive
+    assert sum(c.queries for c in counts.values()) == 40 * 1010
+    assert {"a", "b", "c"} <= {p.agent for p in eng.snapshot().prefixes}  # declared: kept

@@ -25,7 +25,7 @@ class PrefixCacheCount(NamedTuple):
 
 class Residency:
     __slots__ = ("prefixes", "kv_used", "swaps_in", "swaps_out", "recomputes", "on_transfer",
-                 "_profile", "_host_tier", "_events", "_fills", "_link_free_s")
+                 "forgotten_counts", "_profile", "_host_tier", "_events", "_fills", "_link_free_s")
 
     def __init__(self, profile: Profile, host_tier: bool, events: EventHeap, fills: PrefillQueue) -> None:
         self.prefixes: dict[str, Prefix] = {}
@@ -38,6 +38,17 @@ class Residency:
         self._events = events  # transfer completions are scheduled here
         self._fills = fills  # requests whose prefix is ready, and prefix recomputes, go here
         self._link_free_s = 0.0
+        # prefix-cache counters of forgotten prefixes (`forget`), so counters never go down
+        self.forgotten_counts: dict[str, PrefixCacheCount] = {}
+
+    def forget(self, agents: set[str]) -> None:
+        """Drop the records of these agents' prefixes, each idle and off the GPU (see
+        SimEngine._forget_idle_agents); a later request of the agent registers it anew."""
+        for agent in agents:
+            p = self.prefixes.pop(agent)
+            assert not p.on_gpu and p.transfer is None and p.running == 0 and not p.waiters
+            old = self.forgotten_counts.get(agent, PrefixCacheCount(0, 0))
+            self.forgotten_counts[agent] = PrefixCacheCount(old.queries + p.cache_queries, old.hits + p.cache_hits)
 
     def register(self, agent: str, tokens: int) -> Prefix:
         """The agent's prefix record; its size is fixed when first registered."""
