@@ -43,6 +43,7 @@ _SAMPLING_TYPES: dict[str, TypeAdapter] = {
     "temperature": TypeAdapter(float), "top_p": TypeAdapter(float), "frequency_penalty": TypeAdapter(float),
     "presence_penalty": TypeAdapter(float), "seed": TypeAdapter(int), "stop": TypeAdapter(str | list[str]),
 }
+_INT = TypeAdapter(int)
 _SAMPLING_RANGES: dict[str, tuple[float, float | None, bool]] = {
     "temperature": (0.0, None, True),
     "top_p": (0.0, 1.0, False),
@@ -69,6 +70,7 @@ class ParsedCall:
     system_tokens: int  # leading system messages: the default agent-prefix estimate
     tools: ToolRequest = NO_TOOLS  # chat: the function tools offered and tool_choice
     response_format: ResponseFormat = TEXT_FORMAT  # JSON asked for: the responders answer JSON
+    stop: tuple[str, ...] = ()  # the text ends before the first of these (OpenAI's `stop`)
 
     @property
     def last_user(self) -> str:
@@ -154,9 +156,13 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
         value = body.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS:
+        try:  # as SGLang's pydantic field reads it (lax: 3.0 and "3" are 3; 3.5, "x" and true are not)
+            number = _INT.validate_python(value) if not isinstance(value, bool) else None
+        except ValidationError:
+            number = None
+        if number is None or not 1 <= number <= MAX_TOKENS:
             raise bad_request(f"'{key}' must be an integer >= 1 and <= {MAX_TOKENS}, got {short_repr(value)}", key)
-        given.append(value)
+        given.append(number)
     return given[0] if given else None
 
 
@@ -221,7 +227,7 @@ def parse_chat(body: Any) -> ParsedCall:
     tools = parse_tools(body)
     prompt = tokens.chat_tokens(m.content for m in messages) + tools.prompt_tokens
     return ParsedCall("chat", model, messages, max_tokens, stream, usage, prompt, system, tools,
-                      parse_response_format(body))
+                      parse_response_format(body), _stop(body))
 
 
 def parse_completion(body: Any) -> ParsedCall:
@@ -229,4 +235,12 @@ def parse_completion(body: Any) -> ParsedCall:
     text, given = _prompt(body)
     prompt = given if given is not None else max(1, tokens.count_tokens(text))
     return ParsedCall("completion", model, (Message("user", text),), max_tokens, stream, usage, prompt, 0,
-                      response_format=parse_response_format(body))
+                      response_format=parse_response_format(body), stop=_stop(body))
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """`stop` (checked by `_check_sampling`) as the sequences that end the text; an empty one
+    stops nothing."""
+    stop = body.get("stop")
+    sequences = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    return tuple(s for s in sequences if s)

@@ -143,6 +143,8 @@ class SimService:
         reply = self.responder.respond(ctx)
         tool = reply if isinstance(reply, ToolCall) else None
         whole = tool.arguments if tool else reply
+        if tool is None and call.stop:  # a real engine stops generating at the first one
+            whole = whole[: min((i for i in map(whole.find, call.stop) if i >= 0), default=len(whole))]
         text = whole[: self.config.max_response_chars]
         # A cut reply is reported as cut, like OpenAI's "length" for output past max_tokens:
         # "tool_calls" (or "stop") would claim complete output, and a cut tool call's

@@ -362,3 +362,27 @@ def test_stats_rows_encoded_once_are_the_rows_a_full_build_gives(server, client)
     assert _json.loads(build_stats_json(svc)) == _json.loads(_json.dumps(build_stats(svc)))
     again = next(t for t in _stats(server)["tasks"]["items"] if t["task_id"] == "rows-1")
     assert again["reopened"] == 1 and again["stages"]["s3"]["calls"] == 2
+
+
+def test_stop_sequences_end_the_text(client) -> None:
+    # checked, then ignored: "Echo: Thought: go Observation: fake" came back whole, which a
+    # ReAct parser reads as the model's own observation
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Thought: go Observation: fake"}],
+                                       stop=["Observation:", "never"], max_tokens=50)
+    text = r.choices[0].message.content
+    assert "Observation" not in text and text.startswith("Echo: Thought: go") and r.choices[0].finish_reason == "stop"
+    c = client.completions.create(model="m", prompt="alpha beta gamma", stop="beta", max_tokens=50)
+    assert "beta" not in c.choices[0].text and "alpha" in c.choices[0].text
+    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "one two three"}],
+                                            stop="two", stream=True)
+    assert "two" not in "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+
+
+def test_max_tokens_is_read_as_sglang_reads_an_integer(server) -> None:
+    url = f"{server.base_url}/v1/chat/completions"
+    for value in (3.0, "3"):
+        r = httpx.post(url, json={"messages": [{"role": "user", "content": "a b c d e f g"}], "max_tokens": value}, timeout=10)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3, r.text
+    for value in (3.5, "x", True, 0):
+        r = httpx.post(url, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": value}, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"

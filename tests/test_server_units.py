@@ -79,7 +79,7 @@ def test_parse_chat_extracts_prompt_and_system_prefix() -> None:
         # an unknown part type was served as "(empty prompt)"
         ({"messages": [{"role": "user", "content": [{"type": "zzz"}]}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
-        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "9.5"}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
         ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
         # sampling parameters SGLang refuses (type or range) are refused here, not served
