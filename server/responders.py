@@ -12,7 +12,9 @@
   summary of the last user message. Extend it with `EchoResponder().with_rule(...)` and
   `register_responder(name, factory)`.
 - `lorem`: lorem ipsum of the requested length (max_tokens, else the stage's output
-  profile, else 64 tokens); JSON as `structured_output` answers it when JSON is asked for.
+  profile, else 64 tokens); JSON as `structured_output` answers it when JSON is asked for,
+  and a tool call as `tool_call` makes it when `tool_choice` forces one ("required" or a
+  named function: an agent loop that forces a call breaks on text).
 - `replay`: recorded responses from a JSONL file, matched by (stage, agent, round), else
   handed out in file order.
 """
@@ -288,7 +290,11 @@ class LoremResponder:
     def __init__(self, default_tokens: int = 64) -> None:
         self.default_tokens = default_tokens
 
-    def respond(self, ctx: ResponseContext) -> str:
+    def respond(self, ctx: ResponseContext) -> Reply:
+        if ctx.tools.wanted and ctx.tools.choice.mode != "auto":  # a forced call: the agent loop expects one
+            forced = tool_call_rule(ctx)
+            if forced is not None:
+                return forced
         structured = structured_output_rule(ctx)
         if structured is not None:  # a client that asked for JSON parses the reply
             return structured

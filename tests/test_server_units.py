@@ -182,6 +182,20 @@ def test_lorem_has_the_requested_length() -> None:
     assert count_tokens(LoremResponder().respond(_ctx("x"))) == 64
 
 
+def test_lorem_makes_the_tool_call_a_request_forces() -> None:
+    # it answered text to tool_choice "required": an agent loop that forces a call broke
+    import dataclasses
+
+    from topas_agents.server.openai_format import ToolCall, parse_tools
+
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+    for choice, call in (("required", True), ({"type": "function", "function": {"name": "search"}}, True),
+                         ("auto", False), ("none", False)):
+        ctx = dataclasses.replace(_ctx("x", target=8), tools=parse_tools({"tools": tools, "tool_choice": choice}))
+        reply = LoremResponder().respond(ctx)
+        assert isinstance(reply, ToolCall) == call and (not call or reply.name == "search")
+
+
 def test_replay_matches_by_stage_agent_round_then_in_order(tmp_path) -> None:
     f = tmp_path / "r.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in [

@@ -221,14 +221,14 @@ class TaskTracker:
     def _known(self, task_id: str) -> TaskState:
         task = self.active.get(task_id) or self.finished.get(task_id)
         if task is None:
-            raise UnknownTaskError(f"unknown task '{task_id[:300]}'")  # ids in URLs are unbounded
+            raise UnknownTaskError(f"unknown task '{task_id[:80]}'")  # ids in URLs are unbounded: quoted briefly, as all user input
         return task
 
     def stage_done(self, task_id: str, stage: str, now_s: float, now_wall: float) -> list[Action]:
         task = self._known(task_id)
         wf = task.workflow
         if wf is not None and not wf.has_stage(stage):
-            raise UnknownStageError(f"workflow '{wf.name}' has no stage '{stage[:300]}'")
+            raise UnknownStageError(f"workflow '{wf.name}' has no stage '{stage[:80]}'")
         if task.task_id not in self.active:
             return []  # already concluded: every stage is done
         task.last_activity_wall = now_wall
