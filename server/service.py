@@ -160,9 +160,13 @@ class SimService:
 
     def _submit(self, rid: str, call: ParsedCall, lab: ResolvedLabel, endpoint: str) -> Call:
         try:
-            arrival, _ = self.tracker.check_call(lab.task_id, lab.workflow_name)
+            arrival, known = self.tracker.check_call(lab.task_id, lab.workflow_name)
         except TaskError as exc:
             raise from_task_error(exc) from None
+        if known is not None and known.done_reason is not None and known.done_reason != "abandoned":
+            # a retry, or a client that reuses ids across runs: its JCT now spans both
+            log.warning("task %r ended (%s) and has a new call: reopened, its JCT runs from its first "
+                        "arrival; a new run needs a new task_id", lab.task_id[:80], known.done_reason)
         round_ = self.tracker.next_round(lab.task_id, lab.stage)
         text, n_out, max_new, reason, tool = self._response(call, lab, round_)
         now = self.engine.now
