@@ -9,7 +9,7 @@ import dataclasses
 import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, get_args
 
 from topas_agents.percentile import percentile_or_none
 from topas_agents.snapshot import PrefixLocation
@@ -112,40 +112,55 @@ class StatsRows:
     version; rows gone from the histories are dropped when the cache outgrows them."""
 
     def __init__(self) -> None:
-        self._rows: dict[tuple[str, str, Tenant], tuple[object, object, str]] = {}
+        self._rows: dict[RowKey, EncodedRow] = {}
 
-    def text(self, key: tuple[str, str, Tenant], row: object, version: object,
-             build: Callable[[], dict[str, Any]]) -> str:
+    def text(self, key: RowKey, row: object, version: object, build: Callable[[], dict[str, Any]]) -> str:
         hit = self._rows.get(key)
-        if hit is not None and hit[0] is row and hit[1] == version:
-            return hit[2]
+        if hit is not None and hit.row is row and hit.version == version:
+            return hit.text
         text = json.dumps(build())
-        self._rows[key] = (row, version, text)
+        self._rows[key] = EncodedRow(row, version, text)
         return text
 
-    def prune(self, live: set[tuple[str, str, Tenant]]) -> None:
+    def prune(self, live: set[RowKey]) -> None:
+        """Keep only `live` once the cache holds more than twice as many (with API keys a
+        request sees its own rows only, so another key's are encoded again after a prune)."""
         if len(self._rows) > 2 * len(live) + 1024:
             self._rows = {k: v for k, v in self._rows.items() if k in live}
 
 
-def _task_rows(svc: SimService, tenant: Tenant, seen: set[tuple[str, str, Tenant]]) -> list[str]:
+class RowKey(NamedTuple):
+    kind: Literal["task", "call"]
+    id: str  # task id or call rid
+    tenant: Tenant  # a task row is as its tenant sees it (ids unqualified)
+
+
+class EncodedRow(NamedTuple):
+    row: object  # the TaskState or CallRecord it encodes
+    version: object  # what changes when the row does
+    text: str
+
+
+def _task_rows(svc: SimService, tenant: Tenant, seen: set[RowKey]) -> list[str]:
     t = svc.tracker
     rows = [json.dumps(task_json(x, tenant)) for x in t.active.values() if owned_by(tenant, x.task_id)]
     for x in t.finished.values():  # a finished task is reopened by moving it back to `active`
         if owned_by(tenant, x.task_id):
-            key = ("task", x.task_id, tenant)
+            key = RowKey("task", x.task_id, tenant)
             seen.add(key)
-            rows.append(svc.stats_rows.text(key, x, (x.finish_s, x.reopened), lambda x=x: task_json(x, tenant)))
+            # a done call on a finished task changes only its done_reason (to "explicit")
+            version = (x.finish_s, x.reopened, x.done_reason)
+            rows.append(svc.stats_rows.text(key, x, version, lambda x=x: task_json(x, tenant)))
     return rows
 
 
-def _call_rows(svc: SimService, records: list[Any], seen: set[tuple[str, str, Tenant]]) -> list[str]:
+def _call_rows(svc: SimService, records: list[Any], seen: set[RowKey]) -> list[str]:
     rows = []
     for r in records:
         if r.status == "running":
             rows.append(json.dumps(r.to_json()))
         else:  # a record's fields are final with its status
-            key = ("call", r.rid, None)
+            key = RowKey("call", r.rid, None)
             seen.add(key)
             rows.append(svc.stats_rows.text(key, r, r.status, r.to_json))
     return rows
@@ -158,7 +173,7 @@ _ROWS_MARK = f"\0rows-{uuid.uuid4().hex}-"
 
 def build_stats_json(svc: SimService, max_calls: int | None = None, tenant: Tenant = None) -> str:
     """`build_stats` as JSON text, the unchanged rows from `svc.stats_rows`."""
-    seen: set[tuple[str, str, Tenant]] = set()
+    seen: set[RowKey] = set()
     tasks = _task_rows(svc, tenant, seen)
     calls = _call_rows(svc, _records(svc, max_calls, tenant), seen)
     svc.stats_rows.prune(seen)

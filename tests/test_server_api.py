@@ -361,7 +361,10 @@ def test_stats_rows_encoded_once_are_the_rows_a_full_build_gives(server, client)
     svc = server.service
     assert _json.loads(build_stats_json(svc)) == _json.loads(_json.dumps(build_stats(svc)))
     again = next(t for t in _stats(server)["tasks"]["items"] if t["task_id"] == "rows-1")
-    assert again["reopened"] == 1 and again["stages"]["s3"]["calls"] == 2
+    assert again["reopened"] == 1 and again["stages"]["s3"]["calls"] == 2 and again["done_reason"] == "workflow"
+    httpx.post(f"{server.base_url}/v1/topas/tasks/rows-1/done", timeout=10)  # changes only its done_reason
+    closed = next(t for t in _stats(server)["tasks"]["items"] if t["task_id"] == "rows-1")
+    assert closed["done_reason"] == "explicit"
 
 
 def test_stop_sequences_end_the_text(client) -> None:
