@@ -45,6 +45,11 @@ class EngineLoop:
         self._sim0 = 0.0
         self.failure: BaseException | None = None
 
+    @property
+    def max_sleep_s(self) -> float:
+        """The longest the loop sleeps, and the period of `periodic`."""
+        return self._max_sleep_s
+
     # ------------------------------------------------------------------ control
 
     def start(self) -> None:

@@ -57,6 +57,7 @@ class SimService:
         self.calls: dict[str, Call] = {}  # in flight
         self.records: collections.deque[CallRecord] = collections.deque(maxlen=config.max_call_history)
         self.stats_rows = StatsRows()  # /v1/topas/stats rows that no longer change, encoded once
+        self.stalled_since: float | None = None  # wall time the policy left waiting requests idle
         self.requests: collections.Counter[tuple[str, int]] = collections.Counter()  # (endpoint, status)
         self.call_status: collections.Counter[str] = collections.Counter()
         self.metrics = ServiceMetrics(self)  # /metrics: this service's own registry and histograms
@@ -280,6 +281,24 @@ class SimService:
 
     def _periodic(self, wall: float) -> None:
         self._apply(self.tracker.expire_idle(self.engine.now, wall))
+        self._ask_a_stalled_policy_again(wall)
+
+    def _ask_a_stalled_policy_again(self, wall: float) -> None:
+        """A policy that admitted nothing while requests wait and nothing is scheduled would
+        be asked again only at the next arrival: its callers hung with /health "ok" and no
+        word in the log. It is asked again at every periodic tick (a policy holding requests
+        for a batching window then serves them), and the stall is logged once and shown as
+        /health's `stalled_s`."""
+        redecide = getattr(self.engine, "redecide", None)
+        if redecide is None or self.engine.next_event_time() is not None or not self.engine.snapshot().waiting:
+            self.stalled_since = None
+            return
+        if self.stalled_since is None:
+            self.stalled_since = wall
+            log.warning("policy %r left %d request(s) waiting with nothing running or scheduled: asked again "
+                        "every %.2f s until it admits", self.config.policy, len(self.engine.snapshot().waiting),
+                        self.loop.max_sleep_s)
+        redecide()
 
     def _on_failure(self, exc: BaseException) -> None:
         self._fail_all(ApiError(500, f"engine failed: {exc}", type_="server_error"), "failed")

@@ -168,7 +168,7 @@ def test_docs_explicit_unbuildable_policy_is_one_line(tmp_path, capsys, monkeypa
     monkeypatch.setitem(policies._REGISTRY, "t-broken", "topas_agents.no_such_module:make")
     rc = main(["docs", "--out", str(tmp_path / "r.md"), "--policies", "fcfs,t-broken", "--tasks", "2"])
     err = capsys.readouterr().err
-    assert rc == 2 and err.startswith("error: policy 't-broken' is not available yet") and err.count("\n") == 1
+    assert rc == 2 and err.startswith("error: policy 't-broken' is not available") and err.count("\n") == 1
 
 
 def test_seeds_without_a_baseline_report_no_comparator(capsys):

@@ -22,7 +22,25 @@ def _run(monkeypatch, name: str, *argv: str) -> None:
 def test_every_example_is_tested():
     assert {p.name for p in EXAMPLES.glob("*.py")} == {"labelled_pipeline.py", "metagpt_config_swap.py",
                                                       "metagpt_stock.py", "softwaredev_eval.py",
-                                                      "autogen_tool_agent.py", "crewai_tool_crew.py"}
+                                                      "autogen_tool_agent.py", "crewai_tool_crew.py",
+                                                      "my_policy.py"}
+
+
+def test_my_policy_runs_alone_and_by_its_path_in_the_bench(monkeypatch, capsys, tmp_path):
+    _run(monkeypatch, "my_policy.py")
+    assert "sif on dag4: mean JCT" in capsys.readouterr().out
+    from topas_agents.cli import main
+
+    monkeypatch.chdir(EXAMPLES)  # as the docs run it: from examples/
+    out = tmp_path / "sif.json"
+    assert main(["bench", "--workload", "dag4", "--policies", "lpm,my_policy:ShortestInputFirst",
+                 "--policy-opt", "my_policy:ShortestInputFirst.max_batch=8", "--tasks", "12", "--load", "0.5",
+                 "--no-progress", "--json", str(out)]) == 0
+    import json
+
+    doc = json.loads(out.read_text())
+    assert doc["policy_options"] == {"my_policy:ShortestInputFirst": {"max_batch": "8"}}
+    assert set(doc["points"][0]["results"]) == {"lpm", "my_policy:ShortestInputFirst"}
 
 
 @pytest.mark.parametrize(("name", "module", "hint"), [

@@ -15,7 +15,7 @@ policy choice, never an out-of-memory surprise.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
@@ -132,9 +132,24 @@ class Decision:
     prefix_in: tuple[str, ...] = ()
     prefix_out: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        """Each field as a tuple of ids: a list is taken as its tuple (a list in `prefix_out`
+        was a TypeError deep in the check), a string or non-sequence is a DecisionError
+        naming the field (`admit="rid"` read as one id per character)."""
+        for name in _DECISION_FIELDS:
+            ids = getattr(self, name)
+            if type(ids) is tuple:
+                continue
+            if isinstance(ids, str | bytes | Mapping) or not isinstance(ids, Iterable):
+                raise DecisionError(f"Decision.{name} must be a tuple of ids, got {type(ids).__name__} {ids!r:.60}")
+            object.__setattr__(self, name, tuple(ids))
+
     @property
     def empty(self) -> bool:
         return not (self.admit or self.preempt or self.prefix_in or self.prefix_out)
+
+
+_DECISION_FIELDS = ("admit", "preempt", "prefix_in", "prefix_out")
 
 
 NOOP = Decision()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..errors import ConfigError
+from ..policies import is_policy_path
 
 HostTierMode = Literal["all", "none", "paper", "policies"]
 TOPAS_PREFIX = "topas"  # names of Topas and its variants (the `paper` setup's tier holders)
@@ -75,7 +76,7 @@ def parse_host_tier(text: str, known: Sequence[str]) -> HostTier:
     for name in names:
         if not name:
             raise ConfigError(f"--host-tier: empty policy name in {text!r}")
-        if name not in known:
+        if name not in known and not is_policy_path(name):
             raise ConfigError(f"--host-tier: expected all, none, paper or policy names; "
                               f"unknown policy '{name}' (known: {', '.join(known)})")
     if len(set(names)) != len(names):

@@ -9,10 +9,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import ConfigError, WorkflowError
-from ..policies import available_policies
+from ..policies import available_policies, is_known_policy, option_value
 from ..workflow import load_yaml_data
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -66,23 +64,18 @@ def parse_positive_int(text: str, what: str) -> int:
 def parse_policy_list(text: str) -> tuple[str, ...]:
     """`fcfs,lpm` -> ('fcfs', 'lpm'); names must be registered, no blanks or repeats."""
     names = tuple(p.strip() for p in str(text).split(","))
-    known = available_policies()
     for name in names:
         if not name:
             raise ConfigError(f"--policies: empty name in {text!r}")
-        if name not in known:
-            raise ConfigError(f"--policies: unknown policy '{name}' (known: {', '.join(known)})")
+        if not is_known_policy(name):
+            raise ConfigError(f"--policies: unknown policy '{name}' (known: {', '.join(available_policies())}; "
+                              "or a policy of your own as module:factory)")
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise ConfigError(f"--policies: '{dup}' given twice")
     return names
 
 
-def _yaml_scalar(text: str, where: str) -> Any:
-    try:
-        return yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
-        raise ConfigError(f"{where}: cannot parse value {text!r}") from None
 
 
 def options_record(policy_options: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, str]]:
@@ -102,13 +95,14 @@ def parse_policy_opts(items: Iterable[str], policies: tuple[str, ...]) -> dict[s
             raise ConfigError(f"{where}: expected POLICY.KEY=VALUE, e.g. topas.beta=0.5")
         if name not in policies:
             raise ConfigError(f"{where}: policy '{name}' is not in --policies ({', '.join(policies)})")
-        out.setdefault(name, {})[key] = _yaml_scalar(value, where)
+        out.setdefault(name, {})[key] = option_value(value, where)
     return out
 
 
 def load_policy_config(path: str | Path, policies: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """A YAML file mapping policy name -> {option: value}. Policies not benchmarked are
-    allowed (one file can serve several runs) but must be registered names."""
+    allowed (one file can serve several runs) but must be registered names; their sections
+    are dropped (a result's JSON recorded options that no run applied)."""
     where = f"--policy-config {path}"
     try:
         text = Path(path).read_text()
@@ -123,15 +117,15 @@ def load_policy_config(path: str | Path, policies: tuple[str, ...]) -> dict[str,
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping of policy name -> options")
     out: dict[str, dict[str, Any]] = {}
-    known = available_policies()
     for name, opts in data.items():
-        if name not in known:
-            raise ConfigError(f"{where}: unknown policy '{name}' (known: {', '.join(known)})")
+        if not is_known_policy(name):
+            raise ConfigError(f"{where}: unknown policy '{name}' (known: {', '.join(available_policies())})")
         if opts is None:
             opts = {}
         if not isinstance(opts, dict) or not all(isinstance(k, str) and _KEY.match(k) for k in opts):
             raise ConfigError(f"{where}: options of '{name}' must be a mapping of option names to values")
-        out[name] = dict(opts)
+        if name in policies:
+            out[name] = dict(opts)
     return out
 
 

@@ -185,6 +185,13 @@ class SimEngine:
             return self.now
         return self._peek()
 
+    def redecide(self) -> None:
+        """Consult the policy at the next step even though nothing happened: a live engine
+        whose policy left requests waiting with nothing scheduled asks it again (as the
+        SGLang plugin re-decides every TOPAS_SGLANG_REDECIDE_S); a benchmark calls that state
+        a stall instead (sim/driver.py StallError)."""
+        self._dirty = True
+
     def advance(self, until: float) -> None:
         """Process every event with time <= `until`; the clock ends at `until` (if finite)."""
         while self.step(until):
@@ -241,8 +248,9 @@ class SimEngine:
 
     def _forget_idle_agents(self) -> None:
         """Forget the prefix records of agents no registered workflow declares whose prefix
-        is not on GPU (nowhere, or only a host copy, which goes too) and that have no live request, once the records outgrow twice those
-        kept the last time (amortised: one pass over prefixes and live requests)."""
+        is not on GPU (nowhere, or only a host copy, which goes too) and that have no live
+        request, once the records outgrow twice those kept the last time (amortised: one pass
+        over prefixes and live requests)."""
         prefixes = self._residency.prefixes
         if len(prefixes) <= self._forget_past:
             return
