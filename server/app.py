@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..workflow import Workflow
 from .api_errors import ApiError, bad_request, shutting_down
-from .bodies import parse_json_body, read_body
+from .bodies import client_gone, parse_json_body, read_body
 from .calls import Call
 from .config import ServerConfig
 from .labelling import resolve_label
@@ -124,15 +124,10 @@ async def _wait_over(call: Call) -> None:
         await call.wait_change(call.generated)
 
 
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _finished_or_gone(call: Call, request: Request) -> bool:
     """Wait for the call to end; False if the client went away first."""
     done = asyncio.ensure_future(_wait_over(call))
-    gone = asyncio.ensure_future(_disconnected(request))
+    gone = asyncio.ensure_future(client_gone(request))
     try:
         await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -44,3 +44,9 @@ def parse_json_body(raw: bytes) -> Any:
         return json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise bad_request(f"request body is not valid JSON: {str(exc)[:200]}") from None
+
+
+async def client_gone(request: Request) -> None:
+    """Returns once the client has disconnected (its request body already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

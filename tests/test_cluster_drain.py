@@ -22,6 +22,25 @@ BODY = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "
         "topas": {"task_id": "t", "stage": "s", "agent": "a"}}
 
 
+class _SlowAnswer:
+    """A non-streaming call smg answers after `answer_s` (it sends nothing before); records
+    whether the front gave up on it."""
+
+    def __init__(self, answer_s: float) -> None:
+        self.answer_s = answer_s
+        self.cancelled = threading.Event()
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "sim"}]})
+        try:
+            await asyncio.sleep(self.answer_s)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return httpx.Response(200, json={"choices": []})
+
+
 class _Smg:
     """Streams CHUNK, then waits `pause_s`, then ends with [DONE]."""
 
@@ -46,10 +65,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _front(pause_s: float, drain_s: float) -> tuple[DrainingFront, threading.Thread, str]:
+def _front(pause_s: float, drain_s: float, smg: object = None) -> tuple[DrainingFront, threading.Thread, str]:
     app = build_front(ClusterConfig(replicas=2))
     front = app.state.front
-    front.client = httpx.AsyncClient(transport=httpx.MockTransport(_Smg(pause_s)))
+    front.client = httpx.AsyncClient(transport=httpx.MockTransport(smg or _Smg(pause_s)))
     port = _free_port()
     server = DrainingFront(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
                                           timeout_graceful_shutdown=3), front.drain, drain_s)
@@ -118,6 +137,22 @@ def test_a_new_call_while_draining_is_a_503():
     time.sleep(0.3)  # draining: the socket still listens
     r = httpx.post(f"{url}/v1/chat/completions", json={**BODY, "stream": False}, timeout=10)
     assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+    health = httpx.get(f"{url}/health", timeout=10)  # said "ok" while every call got a 503
+    assert health.status_code == 503 and health.json()["status"] == "draining"
     holder.join(10)
     thread.join(10)
     assert not thread.is_alive()
+
+
+def test_a_client_gone_before_a_non_streaming_answer_cuts_the_relay():
+    # smg answers a non-streaming call only when it is over, and the front waited for that:
+    # a client that timed out left the replica's call running to its end, counted "ok"
+    smg = _SlowAnswer(answer_s=30.0)
+    server, thread, url = _front(pause_s=0.0, drain_s=1.0, smg=smg)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/chat/completions", json={**BODY, "stream": False}, timeout=0.5)
+        assert smg.cancelled.wait(5)
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -188,7 +188,7 @@ def test_done_with_a_silent_replica_is_unknown_not_404():
 # ------------------------------------------------------------------ 6. partial fan-out reads
 
 def _fan_out_fake(app, answers):
-    async def fake_one(url, method, path, content=None, headers=None):
+    async def fake_one(url, method, path, content=None, headers=None, parse=True):
         return answers[url]
     app.state.front.one = fake_one
 
@@ -199,7 +199,7 @@ def test_partial_and_empty_reads_say_so(monkeypatch):
     up = {"/metrics": "# TYPE m gauge\nm 1\n", "/v1/topas/workflows": {"workflows": ["chain3"]}}
     answers: dict[str, ReplicaAnswer] = {}
 
-    async def fake_one(url, method, path, content=None, headers=None):
+    async def fake_one(url, method, path, content=None, headers=None, parse=True):
         return answers[url] if url in answers else ReplicaAnswer(url, 200, up[path])
 
     monkeypatch.setattr(app.state.front, "one", fake_one)

@@ -186,7 +186,7 @@ def test_front_passes_a_refused_read_through_and_answers_unknown_routes_as_json(
     app = build_front(ClusterConfig(replicas=2))
     paths = []
 
-    async def refuse(url, method, path, content=None, headers=None):
+    async def refuse(url, method, path, content=None, headers=None, parse=True):
         paths.append(path)
         return ReplicaAnswer(url, 400, {"error": {"message": "bad calls", "type": "invalid_request_error"}})
 
@@ -499,3 +499,26 @@ async def test_a_responses_stream_cut_twice_raises():
     stream = AsyncResumingStream(_FakeStream(_response_events("abcdef", 5, 2)), reopen, progress=ResponsesProgress)
     with pytest.raises(StreamCutError, match="final response event"):
         [e async for e in stream]
+
+
+def test_a_label_that_would_pass_smgs_metadata_limit_is_a_clear_400() -> None:
+    # smg answered "The object has 17 properties, but the maximum is 16": the caller sent 14
+    from topas_agents.server.api_errors import ApiError
+    from topas_agents.server.cluster.requests import SMG_METADATA_ENTRIES, label_into_metadata
+
+    own = {f"k{i}": "v" for i in range(14)}
+    body = {"metadata": dict(own), "topas": {"task_id": "t", "stage": "s", "agent": "a"}}
+    with pytest.raises(ApiError, match="holds 14 entries and the topas label travels in 3 more.*at most 13") as exc:
+        label_into_metadata(body)
+    assert exc.value.status == 400 and body["metadata"] == own  # unchanged
+    fits = {"metadata": {f"k{i}": "v" for i in range(13)}, "topas": {"task_id": "t", "stage": "s", "agent": "a"}}
+    label_into_metadata(fits)
+    assert len(fits["metadata"]) == SMG_METADATA_ENTRIES
+
+
+def test_replica_restarts_are_a_counter_per_replica() -> None:
+    from topas_agents.server.cluster.aggregate import replica_restarts_metric
+
+    text = replica_restarts_metric([2, 2, 3], replicas=3)
+    assert "# TYPE topas_replica_restarts_total counter" in text
+    assert [line.split()[-1] for line in text.splitlines() if not line.startswith("#")] == ["0", "2", "1"]

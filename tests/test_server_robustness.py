@@ -238,10 +238,18 @@ def test_a_client_gone_during_its_body_upload_is_no_server_error() -> None:
         handle.stop()
 
 
-def test_a_task_whose_only_call_was_cancelled_has_no_jct(realtime) -> None:
+def test_a_task_whose_only_call_was_cancelled_has_no_jct() -> None:
     # a client that gave up after 0.5 s made an unlabelled "single" task with a 0.5 s JCT,
     # and a labelled task that ended "idle" with its cancelled call's span: timeouts under
     # overload read as short tasks
+    realtime = start_server_in_thread(ServerConfig(time_scale=1.0, workflows=("chain3",), policy="topas"))
+    try:
+        _only_cancelled_calls(realtime)
+    finally:
+        realtime.stop()
+
+
+def _only_cancelled_calls(realtime) -> None:
     before = _stats(realtime)
     client = openai.OpenAI(base_url=realtime.url, api_key="x", max_retries=0, timeout=0.5)
     with pytest.raises(openai.APITimeoutError):

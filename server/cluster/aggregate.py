@@ -281,6 +281,7 @@ def _with_replica(line: str, replica: int) -> str:
 # The per-replica "did the front get its metrics" sample, so that a scrape with a replica
 # missing says so (its other families simply have no samples for it).
 REPLICA_UP_FAMILY = "topas_replica_up"
+REPLICA_RESTARTS_FAMILY = "topas_replica_restarts_total"
 
 
 def replica_up_metric(texts: Sequence[str | None]) -> str:
@@ -288,6 +289,16 @@ def replica_up_metric(texts: Sequence[str | None]) -> str:
     lines = [f"# HELP {REPLICA_UP_FAMILY} 1 if the front got this replica's metrics, 0 if it did not answer.",
              f"# TYPE {REPLICA_UP_FAMILY} gauge",
              *(f'{REPLICA_UP_FAMILY}{{replica="{i}"}} {int(t is not None)}' for i, t in enumerate(texts, start=1))]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def replica_restarts_metric(restarted: Sequence[int], replicas: int) -> str:
+    """`topas_replica_restarts_total{replica="i"}`: the replica processes started in place of
+    one that died. A restarted replica's own counters begin again at 0, which alone read as a
+    quiet spell on a dashboard; Prometheus's `resets()` and this counter tell it apart."""
+    lines = [f"# HELP {REPLICA_RESTARTS_FAMILY} Replica processes started again after a death.",
+             f"# TYPE {REPLICA_RESTARTS_FAMILY} counter",
+             *(f'{REPLICA_RESTARTS_FAMILY}{{replica="{i}"}} {restarted.count(i)}' for i in range(1, replicas + 1))]
     return "".join(f"{line}\n" for line in lines)
 
 

@@ -32,7 +32,7 @@ from starlette.routing import Route
 
 from topas_agents.labels import MAX_LABEL_CHARS
 from topas_agents.server.api_errors import ApiError, bad_request, shutting_down
-from topas_agents.server.bodies import parse_json_body, read_body
+from topas_agents.server.bodies import client_gone, parse_json_body, read_body
 from topas_agents.server.tenancy import EXEMPT_PATHS, authenticate_scope, tenant_ids
 
 from .aggregate import (
@@ -44,6 +44,7 @@ from .aggregate import (
     no_replica_served,
     pick_owner_answer,
     pick_registration_answer,
+    replica_restarts_metric,
     replica_up_metric,
 )
 from .commands import cluster_api_key
@@ -103,7 +104,8 @@ class Front:
         return self.served_model
 
     async def one(self, url: str, method: str, path: str, content: bytes | None = None,
-                  headers: Mapping[str, str | bytes] | None = None) -> ReplicaAnswer:
+                  headers: Mapping[str, str | bytes] | None = None, parse: bool = True) -> ReplicaAnswer:
+        """`parse=False`: the body as bytes (`parse_answers` reads it later, off the event loop)."""
         try:
             r = await self.http.request(method, url + path, content=content, headers=headers,
                                         timeout=self.config.control_timeout_s)
@@ -111,20 +113,16 @@ class Front:
             raise bad_request(f"request URL cannot be forwarded: {exc} ({len(url + path)} characters)") from None
         except httpx.HTTPError as exc:
             return ReplicaAnswer(url, None, None, f"{type(exc).__name__}: {exc}")
-        try:
-            body: Any = r.json()
-        except ValueError:
-            body = r.text
-        return ReplicaAnswer(url, r.status_code, body)
+        return ReplicaAnswer(url, r.status_code, _parsed(r.content) if parse else r.content)
 
     async def fan_out(self, request: Request, method: str, path: str,
-                      content: bytes | None = None) -> list[ReplicaAnswer]:
+                      content: bytes | None = None, parse: bool = True) -> list[ReplicaAnswer]:
         """The call on every replica at once, with the caller's credentials (replicas started
         with --api-key check them on the control plane too)."""
         auth = request.headers.get("authorization")
         # as the bytes the client sent (Starlette reads Latin-1; httpx would encode text as ASCII)
         headers = {"Authorization": auth.encode("latin-1")} if auth else None
-        return list(await asyncio.gather(*(self.one(u, method, path, content, headers)
+        return list(await asyncio.gather(*(self.one(u, method, path, content, headers, parse)
                                            for u in self.config.replica_urls)))
 
     # ------------------------------------------------------------------ data plane
@@ -151,8 +149,22 @@ class Front:
             raw = json.dumps(body).encode()
         upstream = self.http.build_request("POST", self.config.smg_url + request.url.path, content=raw,
                                            headers=headers)
+        send = asyncio.ensure_future(self.http.send(upstream, stream=True))
+        gone = asyncio.ensure_future(client_gone(request))
         try:
-            resp = await self.http.send(upstream, stream=True)
+            await asyncio.wait({send, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not send.done():
+            # the client left before smg answered (a non-streaming call: smg answers when it
+            # is over): cut the relay, so smg cancels the replica's call, as one server does;
+            # waiting kept it running to its end, counted "ok"
+            send.cancel()
+            with contextlib.suppress(BaseException):
+                await send
+            return Response(status_code=499)
+        try:
+            resp = send.result()
         except httpx.HTTPError as exc:
             return _error(502, f"gateway unreachable: {type(exc).__name__}: {exc}")
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP | _UPSTREAM_ONLY}
@@ -170,6 +182,8 @@ class Front:
     # ------------------------------------------------------------------ control plane
 
     async def health(self, request: Request) -> JSONResponse:
+        if self.drain.draining:  # as one server: a load balancer stops sending calls it refuses
+            return JSONResponse({"status": "draining"}, status_code=503)
         replicas = await self.fan_out(request, "GET", "/health")
         gateway = await self.one(self.config.smg_url, "GET", "/health")
         up = sum(1 for a in replicas if a.ok)
@@ -199,15 +213,12 @@ class Front:
         if calls is not None and len(calls.strip()) > MAX_CALLS_DIGITS:
             raise bad_request(CALLS_PROBLEM, "calls")
         suffix = "?" + urllib.parse.urlencode({"calls": calls}) if calls is not None else ""
-        answers = await self.fan_out(request, "GET", "/v1/topas/stats" + suffix)
-        if (refused := _refused(answers)) is not None:  # e.g. ?calls=-1: their 400, not an empty view
-            return refused
-        if (down := _none_served(answers, "/v1/topas/stats")) is not None:
-            return down
-        view = aggregate_stats(answers)
-        if request.query_params.get("full") in ("1", "true"):
-            view["replica_stats"] = [a.body if a.ok else None for a in answers]
-        return JSONResponse(view)
+        raw = await self.fan_out(request, "GET", "/v1/topas/stats" + suffix, parse=False)
+        restarts = sum(1 for e in list(self.restart_events) if e.outcome == "restarted")
+        full = request.query_params.get("full") in ("1", "true")
+        # megabytes of JSON per replica with full histories: read, merged and written in a
+        # thread (on the event loop they held every relay 0.6-0.8 s per stats request)
+        return await asyncio.to_thread(_stats_view, raw, restarts, full)
 
     async def metrics(self, request: Request) -> Response:
         answers = await self.fan_out(request, "GET", "/metrics")
@@ -216,7 +227,9 @@ class Front:
         if (down := _none_served(answers, "/metrics")) is not None:
             return down
         texts = [a.body if a.ok and isinstance(a.body, str) else None for a in answers]
-        return PlainTextResponse(replica_up_metric(texts) + merge_metrics(texts),
+        restarted = [e.replica for e in list(self.restart_events) if e.outcome == "restarted"]
+        restarts = replica_restarts_metric(restarted, len(texts))
+        return PlainTextResponse(replica_up_metric(texts) + restarts + merge_metrics(texts),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def list_workflows(self, request: Request) -> JSONResponse:
@@ -276,6 +289,29 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
 async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
     """A request the front itself refuses (413, a body that is not JSON, ...), in the replicas' words."""
     return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def _parsed(content: bytes) -> Any:
+    """A replica's answer: its JSON, else its text."""
+    try:
+        return json.loads(content)
+    except ValueError:
+        return content.decode("utf-8", "replace")
+
+
+def _stats_view(raw: Sequence[ReplicaAnswer], restarts: int, full: bool) -> Response:
+    """The cluster's `/v1/topas/stats` from the replicas' unparsed answers (run in a thread)."""
+    answers = [ReplicaAnswer(a.url, a.status, _parsed(a.body) if isinstance(a.body, bytes) else a.body, a.error)
+               for a in raw]
+    if (refused := _refused(answers)) is not None:  # e.g. ?calls=-1: their 400, not an empty view
+        return refused
+    if (down := _none_served(answers, "/v1/topas/stats")) is not None:
+        return down
+    view = aggregate_stats(answers)
+    view["cluster"]["restarts"] = restarts  # a restarted replica's counters begin again: totals drop
+    if full:
+        view["replica_stats"] = [a.body if a.ok else None for a in answers]
+    return JSONResponse(view)  # rendered here, in the thread
 
 
 def _none_served(answers: Sequence[ReplicaAnswer], what: str) -> JSONResponse | None:

@@ -17,7 +17,7 @@ from topas_agents.labels import (
     text_problem,
     to_metadata,
 )
-from topas_agents.server.api_errors import ApiError, from_label_error
+from topas_agents.server.api_errors import ApiError, bad_request, from_label_error
 from topas_agents.server.config import ServerConfig
 
 from .config import KEYED_POLICIES
@@ -32,6 +32,8 @@ MAX_WORKFLOW_BODY_BYTES = _REPLICA_LIMITS.max_workflow_bytes
 MAX_CALLS_DIGITS = 9
 CALLS_PROBLEM = "'calls' must be an integer in 0..999999999"
 _DONE_PREFIX = b"/v1/topas/tasks/"
+# smg 1.13's /v1/responses refuses a `metadata` of more entries (OpenAI's limit too)
+SMG_METADATA_ENTRIES = 16
 
 
 def lift_label(body: dict[str, Any], headers: Mapping[str, str]) -> Any:
@@ -57,8 +59,14 @@ def label_into_metadata(body: dict[str, Any]) -> None:
     label, metadata = body.get(BODY_KEY), body.get("metadata")
     if not isinstance(label, Mapping) or not (metadata is None or isinstance(metadata, dict)):
         return
+    merged = {**(metadata or {}), **to_metadata(label)}
+    if len(merged) > SMG_METADATA_ENTRIES:  # smg's own 400 ("17 properties") did not say why
+        own = len(metadata or {})
+        raise bad_request(f"'metadata' holds {own} entries and the topas label travels in {len(merged) - own} "
+                          f"more through the gateway, which allows {SMG_METADATA_ENTRIES} in all: send at most "
+                          f"{SMG_METADATA_ENTRIES - len(merged) + own} of your own", "metadata")
     body.pop(BODY_KEY)
-    body["metadata"] = {**(metadata or {}), **to_metadata(label)}
+    body["metadata"] = merged
 
 
 def route_key_header(key: str) -> bytes:
