@@ -52,6 +52,13 @@ MODULE = textwrap.dedent('''
             return greedy_admit(snap, ready)
 
 
+    class Raises:
+        name = "raises"
+
+        def decide(self, snap):
+            raise ZeroDivisionError("a bug of its own")
+
+
     def not_a_policy():
         return 42
 
@@ -140,3 +147,22 @@ def test_a_live_server_asks_a_holding_policy_again_and_reports_a_stall(user_modu
     finally:
         handle.stop()
     assert "policy 'userpol:Starve' left 1 request(s) waiting" in caplog.text
+
+
+def test_a_failing_policy_loses_no_other_results(user_module, tmp_path, capsys) -> None:
+    # one run's error ended the bench and no JSON was written: hours of baselines lost
+    import json
+
+    from topas_agents.cli import main
+
+    out = tmp_path / "b.json"
+    rc = main(["bench", "--workload", "dag4", "--policies", "fcfs,userpol:Raises,userpol:Starve", "--tasks", "6",
+               "--load", "0.5,0.9", "--no-progress", "--json", str(out)])
+    err = capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    assert rc == 1 and [list(p["results"]) for p in doc["points"]] == [["fcfs"], ["fcfs"]]
+    assert set(doc["summary"]) >= {"fcfs"} and "userpol:Raises" not in doc["summary"]
+    assert {(f["policy"], f["load"]) for f in doc["failures"]} == {
+        (p, u) for p in ("userpol:Raises", "userpol:Starve") for u in (0.5, 0.9)}
+    assert "error: userpol:Raises (seed 0, load 0.5): ZeroDivisionError: a bug of its own" in err
+    assert "stalled" in next(f["error"] for f in doc["failures"] if f["policy"] == "userpol:Starve")

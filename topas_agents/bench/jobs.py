@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..costmodel import Profile
 from ..errors import ConfigError, TopasError
@@ -45,9 +45,9 @@ def build_policy(name: str, options: Mapping[str, Any] | None = None, *, live: b
     try:
         return make_live_policy(name, opts) if live else make_policy(name, opts)
     except ModuleNotFoundError as exc:
-        raise ConfigError(f"policy '{name}' is not available yet (module '{exc.name}' is missing)") from None
+        raise ConfigError(f"policy '{name}' is not available (module '{exc.name}' is missing)") from None
     except (AttributeError, ImportError) as exc:
-        raise ConfigError(f"policy '{name}' is not available yet ({exc})") from None
+        raise ConfigError(f"policy '{name}' is not available ({exc})") from None
     except TopasError as exc:
         message = str(exc)  # named once: make_policy's own errors already start with the name
         raise ConfigError(message if message.startswith(f"policy '{name}'") else f"policy '{name}': {message}") from None
@@ -104,24 +104,51 @@ def _execute_in_worker(job: RunJob) -> dict[str, Any]:
     return execute(job)
 
 
+class RunFailure(NamedTuple):
+    """A run that ended in an error (`run_jobs(..., failures=...)`)."""
+
+    key: tuple[int, int, str]
+    policy: str
+    error: str  # one line: the exception's type and message
+
+
+def _failure(job: RunJob, exc: BaseException) -> RunFailure:
+    text = str(exc) if isinstance(exc, TopasError) else f"{type(exc).__name__}: {exc}"
+    text = (text.splitlines() or [type(exc).__name__])[0].removeprefix(f"{job.policy}: ")
+    return RunFailure(job.key, job.policy, text)
+
+
 def run_jobs(jobs: Sequence[RunJob], *, workers: int = 1, backend: SimBackend | None = None,
-             progress: bool = False) -> dict[tuple[int, int, str], dict[str, Any]]:
+             progress: bool = False, failures: list[RunFailure] | None = None,
+             ) -> dict[tuple[int, int, str], dict[str, Any]]:
     """Every job's row, by key. `workers > 1` runs them in a process pool (the default
-    simulator only: an injected backend may not survive pickling, so it runs serially)."""
+    simulator only: an injected backend may not survive pickling, so it runs serially).
+    With a `failures` list, a run that fails (a policy's bad decision, a stall, an exception
+    of its own) is recorded there and the others go on; without one, it ends the bench."""
     total = sum(len(j.trace) for j in jobs)
     out: dict[tuple[int, int, str], dict[str, Any]] = {}
     with ProgressBar(total, enabled=progress) as bar:
         if workers <= 1 or backend is not None or len(jobs) <= 1:
             for job in jobs:
                 label = f"{job.policy} ({len(job.trace)} tasks)"
-                out[job.key] = execute(job, backend, bar.run_callback(label))
+                try:
+                    out[job.key] = execute(job, backend, bar.run_callback(label))
+                except Exception as exc:
+                    if failures is None:
+                        raise
+                    failures.append(_failure(job, exc))
             return out
         pool = ProcessPoolExecutor(min(workers, len(jobs)))
         try:
             futures = {pool.submit(_execute_in_worker, job): job for job in jobs}
             for fut in as_completed(futures):
                 job = futures[fut]
-                out[job.key] = fut.result()
+                try:
+                    out[job.key] = fut.result()
+                except Exception as exc:
+                    if failures is None:
+                        raise
+                    failures.append(_failure(job, exc))
                 bar.advance(len(job.trace))
         finally:  # on a failed run, do not wait for the rest of the bench
             pool.shutdown(wait=True, cancel_futures=True)

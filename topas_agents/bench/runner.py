@@ -16,7 +16,7 @@ from ..workflow import TaskPlan, Workflow
 from .aggregate import over_seeds, paper_rule
 from .capacity import capacity_of_tasks, capacity_rps, rate_for_load
 from .hosttier import HostTier, resolve_host_tier
-from .jobs import RESULT_KEYS, RunJob, SimBackend, build_policy, default_backend, finite, run_jobs
+from .jobs import RESULT_KEYS, RunFailure, RunJob, SimBackend, build_policy, default_backend, finite, run_jobs
 from .lower_bound import lower_bound
 from .options import options_record
 from .protocol import LIMITS, check_range
@@ -146,7 +146,7 @@ def _point_jobs(index: tuple[int, int], point: Point, config: BenchConfig) -> li
 def _point_doc(point: Point, config: BenchConfig, rows: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     lb = lower_bound(point.trace, config.profile, config.budget)
     results: dict[str, Any] = {}
-    for name in config.policies:
+    for name in rows:
         row = dict(rows[name])
         mean = row["mean_jct"]
         row["gap"] = finite(mean / lb.mean_jct - 1) if lb.mean_jct > 0 and mean is not None else None
@@ -171,46 +171,62 @@ def _header(config: BenchConfig, tasks: int) -> dict[str, Any]:
 
 
 def run_many(configs: Sequence[BenchConfig], *, backend: SimBackend | None = None, jobs: int = 1,
-             progress: bool = False) -> list[dict[str, Any]]:
-    """`run_bench` of each config, all runs in one pool of `jobs` workers; same order."""
+             progress: bool = False, keep_going: bool = False) -> list[dict[str, Any]]:
+    """`run_bench` of each config, all runs in one pool of `jobs` workers; same order.
+    `keep_going`: a policy whose run fails anywhere is left out of every point and summary,
+    and each document lists its runs that failed under `failures` (else the first failure
+    ends the bench, and every finished run was lost with it)."""
     for config in configs:
         _validate(config)
     maker = backend or default_backend()
     plans = [plan_points(c, maker) for c in configs]
     work = [job for i, (c, pts) in enumerate(zip(configs, plans, strict=True))
             for j, pt in enumerate(pts) for job in _point_jobs((i, j), pt, c)]
-    rows = run_jobs(work, workers=jobs, backend=backend, progress=progress)
+    failures: list[RunFailure] | None = [] if keep_going else None
+    rows = run_jobs(work, workers=jobs, backend=backend, progress=progress, failures=failures)
+    failed = {f.policy for f in failures or ()}
     docs = []
     for i, (config, points) in enumerate(zip(configs, plans, strict=True)):
-        pts = [_point_doc(pt, config, {n: rows[(i, j, n)] for n in config.policies}) for j, pt in enumerate(points)]
+        kept = tuple(n for n in config.policies if n not in failed)
+        pts = [_point_doc(pt, config, {n: rows[(i, j, n)] for n in kept}) for j, pt in enumerate(points)]
         head = _header(config, len(points[0].trace))
-        docs.append({"workload": head.pop("workload"), "profile": head.pop("profile"), "seed": config.seed,
-                     **head, "points": pts, "summary": summarize(pts, config.policies)})
+        doc = {"workload": head.pop("workload"), "profile": head.pop("profile"), "seed": config.seed,
+               **head, "points": pts, "summary": summarize(pts, kept) if kept else {}}
+        if failures:
+            doc["failures"] = [{"policy": f.policy, "seed": config.seed, "rate": finite(points[f.key[1]].rate),
+                                "load": points[f.key[1]].load, "error": f.error}
+                               for f in sorted(failures) if f.key[0] == i]
+        docs.append(doc)
     return docs
 
 
 def run_bench(config: BenchConfig, *, backend: SimBackend | None = None, progress: bool = False,
-              jobs: int = 1) -> dict[str, Any]:
+              jobs: int = 1, keep_going: bool = False) -> dict[str, Any]:
     """Run every policy at every point; returns the bench JSON document."""
-    return run_many([config], backend=backend, jobs=jobs, progress=progress)[0]
+    return run_many([config], backend=backend, jobs=jobs, progress=progress, keep_going=keep_going)[0]
 
 
 def seeds_document(config: BenchConfig, per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One JSON over seeds: per-seed points and summaries, and `over_seeds` (per policy the
     paper-rule ratios' mean over seeds with a 95% t interval; see `aggregate`)."""
     head = _header(config, per_seed[0]["tasks"])
-    return {"workload": head.pop("workload"), "profile": head.pop("profile"),
-            "seeds": [d["seed"] for d in per_seed], **head,
-            "per_seed": [{"seed": d["seed"], "points": d["points"], "summary": d["summary"]} for d in per_seed],
-            "over_seeds": over_seeds([d["summary"] for d in per_seed])}
+    doc = {"workload": head.pop("workload"), "profile": head.pop("profile"),
+           "seeds": [d["seed"] for d in per_seed], **head,
+           "per_seed": [{"seed": d["seed"], "points": d["points"], "summary": d["summary"]} for d in per_seed],
+           "over_seeds": over_seeds([d["summary"] for d in per_seed])}
+    failures = [f for d in per_seed for f in d.get("failures", ())]
+    if failures:
+        doc["failures"] = failures
+    return doc
 
 
 def run_seeds(config: BenchConfig, seeds: Sequence[int], *, backend: SimBackend | None = None,
-              jobs: int = 1, progress: bool = False) -> dict[str, Any]:
+              jobs: int = 1, progress: bool = False, keep_going: bool = False) -> dict[str, Any]:
     """`run_bench` at each seed (each its own traces), as one `seeds_document`."""
     if not seeds:
         raise ConfigError("no seeds to run")
-    per_seed = run_many([replace(config, seed=s) for s in seeds], backend=backend, jobs=jobs, progress=progress)
+    per_seed = run_many([replace(config, seed=s) for s in seeds], backend=backend, jobs=jobs, progress=progress,
+                        keep_going=keep_going)
     return seeds_document(config, per_seed)
 
 

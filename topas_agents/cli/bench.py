@@ -385,15 +385,21 @@ def run(args: argparse.Namespace) -> int:
 
     config = _config(args)
     show = not args.no_progress and sys.stderr.isatty()
+    # a failing policy's runs are reported and left out; the others' results are kept
     if args.seeds:
-        result = run_seeds(config, args.seeds, jobs=args.jobs, progress=show)
+        result = run_seeds(config, args.seeds, jobs=args.jobs, progress=show, keep_going=True)
     else:
-        result = run_bench(config, progress=show, jobs=args.jobs)
+        result = run_bench(config, progress=show, jobs=args.jobs, keep_going=True)
     if args.json:  # saved before the table is formatted: a run can take hours
         write_json(args.json, result)
-    print(format_seeds_table(result) if args.seeds else format_table(result, capacity_for(config)))
-    if args.plot:
-        print(f"plot: {plot_result(result, args.plot)}", file=sys.stderr)
-    if args.timeline:
-        _write_timelines(args, config)
-    return 0
+    failures = result.get("failures", [])
+    if len({f["policy"] for f in failures}) < len(config.policies):
+        print(format_seeds_table(result) if args.seeds else format_table(result, capacity_for(config)))
+        if args.plot:
+            print(f"plot: {plot_result(result, args.plot)}", file=sys.stderr)
+        if args.timeline:
+            _write_timelines(args, config)
+    for f in failures:
+        where = f"load {f['load']}" if f["load"] is not None else f"rate {f['rate']:.4g}/s"
+        print(f"error: {f['policy']} (seed {f['seed']}, {where}): {f['error']}", file=sys.stderr)
+    return 1 if failures else 0

@@ -120,15 +120,16 @@ def run_job(job: Job, config: SuiteConfig) -> dict[float, dict[str, dict[str, An
 def _run_policies(job: Job, config: SuiteConfig, policies: tuple[str, ...]) -> dict[float, dict[str, dict[str, Any]]]:
     try:
         return _bench(job, config, policies, config.loads)
-    except TopasError:
+    except Exception:  # a policy of the user's own may raise anything: one run fails, not the suite
         pass
     out: dict[float, dict[str, dict[str, Any]]] = {}
     for u in config.loads:
         for p in policies:
             try:
                 row = _bench(job, config, (p,), (u,))[u][p]
-            except TopasError as exc:
-                row = {**dict.fromkeys(KEPT_METRICS), "error": str(exc)}
+            except Exception as exc:
+                error = str(exc) if isinstance(exc, TopasError) else f"{type(exc).__name__}: {exc}"
+                row = {**dict.fromkeys(KEPT_METRICS), "error": error}
             out.setdefault(u, {})[p] = row
     return out
 
