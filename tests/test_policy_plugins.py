@@ -105,6 +105,11 @@ def test_a_live_engine_gives_options_typed_as_the_bench_does(user_module) -> Non
     policy = make_live_policy("userpol:Recorder", {"flag": "false", "n": "3", "name": "x"})
     assert policy.options == {"flag": False, "n": 3, "name": "x"}
     assert make_live_policy("lpm-gated", {"threshold": "3"}).name  # refused '3' before
+    guard = make_live_policy("topas", {"forecast_seeds": "0", "forecast_candidates": "lpm,parrot"})
+    try:  # one number for a list option (YAML reads "0" as 0) is a one-item list
+        assert guard.config.seeds == (0,) and guard.config.candidates == ("lpm", "parrot")
+    finally:
+        guard.close()
 
 
 def test_policy_config_sections_for_policies_not_run_are_dropped(tmp_path) -> None:

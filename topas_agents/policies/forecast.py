@@ -367,7 +367,9 @@ def _convert(field_name: str, value: Any) -> Any:
     default = getattr(ForecastConfig(), field_name)
     try:
         if isinstance(default, tuple):
-            items = value.split(",") if isinstance(value, str) else list(value)
+            # "0,1" or a list; one number alone (`forecast_seeds=0`, which YAML reads as 0) is one item
+            items = value.split(",") if isinstance(value, str) else \
+                [value] if isinstance(value, int | float) else list(value)
             return tuple(_scalar(type(default[0]), x) for x in items if str(x).strip())
         return _scalar(type(default), value)
     except (TypeError, ValueError, OverflowError):
