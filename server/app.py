@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..workflow import Workflow
 from .api_errors import ApiError, bad_request, shutting_down
-from .bodies import client_gone, parse_json_body, read_body
+from .bodies import CLIENT_GONE, done_before_client_left, parse_json_body, read_body
 from .calls import Call
 from .config import ServerConfig
 from .labelling import resolve_label
@@ -127,12 +127,10 @@ async def _wait_over(call: Call) -> None:
 async def _finished_or_gone(call: Call, request: Request) -> bool:
     """Wait for the call to end; False if the client went away first."""
     done = asyncio.ensure_future(_wait_over(call))
-    gone = asyncio.ensure_future(client_gone(request))
     try:
-        await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await done_before_client_left(done, request)
     finally:
         done.cancel()
-        gone.cancel()
     return call.over
 
 
@@ -251,7 +249,7 @@ def _add_openai_routes(app: FastAPI, svc: SimService) -> None:
             return _CallStream(_stream(svc, call, writer), svc, call)
         try:
             if not await _finished_or_gone(call, request):
-                return Response(status_code=499)  # nobody is listening
+                return Response(status_code=CLIENT_GONE)  # nobody is listening
         finally:
             svc.cancel_soon(call)  # no-op once the call is over
         if call.error is not None:

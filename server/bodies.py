@@ -4,6 +4,7 @@ byte limit (413 before the rest is read into memory) and parsed as JSON (400 for
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -50,3 +51,14 @@ async def client_gone(request: Request) -> None:
     """Returns once the client has disconnected (its request body already read)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+async def done_before_client_left(work: asyncio.Future[Any], request: Request) -> bool:
+    """Wait for `work` or the client's disconnect, whichever comes first; True if `work` is
+    done. `work` is left as it is either way: the caller cancels it or reads its result."""
+    gone = asyncio.ensure_future(client_gone(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    return work.done()

@@ -23,6 +23,7 @@ from ..policies import close_policy
 from ..task_tracker import Action, StageDoneAction, TaskTracker
 from ..workflow import Workflow
 from .api_errors import ApiError, bad_request, from_task_error, shutting_down
+from .bodies import CLIENT_GONE
 from .calls import Call, CallRecord
 from .config import ServerConfig
 from .engine_loop import EngineLoop
@@ -208,7 +209,7 @@ class SimService:
         if self.calls.pop(c.rid, None) is None:
             return  # finished (or failed) meanwhile
         self.engine.cancel(c.rid)
-        c.fail(ApiError(499, "client disconnected"))
+        c.fail(ApiError(CLIENT_GONE, "client disconnected"))
         self._end(c, "cancelled", self.engine.now)
 
     def _end(self, c: Call, status: str, t: float) -> None:
@@ -290,14 +291,15 @@ class SimService:
         for a batching window then serves them), and the stall is logged once and shown as
         /health's `stalled_s`."""
         redecide = getattr(self.engine, "redecide", None)
-        if redecide is None or self.engine.next_event_time() is not None or not self.engine.snapshot().waiting:
+        waiting = 0 if redecide is None or self.engine.next_event_time() is not None else \
+            len(self.engine.snapshot().waiting)
+        if not waiting:
             self.stalled_since = None
             return
         if self.stalled_since is None:
             self.stalled_since = wall
             log.warning("policy %r left %d request(s) waiting with nothing running or scheduled: asked again "
-                        "every %.2f s until it admits", self.config.policy, len(self.engine.snapshot().waiting),
-                        self.loop.max_sleep_s)
+                        "every %.2f s until it admits", self.config.policy, waiting, self.loop.max_sleep_s)
         redecide()
 
     def _on_failure(self, exc: BaseException) -> None:

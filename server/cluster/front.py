@@ -32,7 +32,7 @@ from starlette.routing import Route
 
 from topas_agents.labels import MAX_LABEL_CHARS
 from topas_agents.server.api_errors import ApiError, bad_request, shutting_down
-from topas_agents.server.bodies import client_gone, parse_json_body, read_body
+from topas_agents.server.bodies import CLIENT_GONE, done_before_client_left, parse_json_body, read_body
 from topas_agents.server.tenancy import EXEMPT_PATHS, authenticate_scope, tenant_ids
 
 from .aggregate import (
@@ -105,7 +105,7 @@ class Front:
 
     async def one(self, url: str, method: str, path: str, content: bytes | None = None,
                   headers: Mapping[str, str | bytes] | None = None, parse: bool = True) -> ReplicaAnswer:
-        """`parse=False`: the body as bytes (`parse_answers` reads it later, off the event loop)."""
+        """`parse=False`: the body as bytes (`_stats_view` reads it later, off the event loop)."""
         try:
             r = await self.http.request(method, url + path, content=content, headers=headers,
                                         timeout=self.config.control_timeout_s)
@@ -150,19 +150,14 @@ class Front:
         upstream = self.http.build_request("POST", self.config.smg_url + request.url.path, content=raw,
                                            headers=headers)
         send = asyncio.ensure_future(self.http.send(upstream, stream=True))
-        gone = asyncio.ensure_future(client_gone(request))
-        try:
-            await asyncio.wait({send, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not send.done():
+        if not await done_before_client_left(send, request):
             # the client left before smg answered (a non-streaming call: smg answers when it
             # is over): cut the relay, so smg cancels the replica's call, as one server does;
             # waiting kept it running to its end, counted "ok"
             send.cancel()
             with contextlib.suppress(BaseException):
                 await send
-            return Response(status_code=499)
+            return Response(status_code=CLIENT_GONE)
         try:
             resp = send.result()
         except httpx.HTTPError as exc:
@@ -199,6 +194,10 @@ class Front:
                              "route_key_header": ROUTE_KEY_HEADER,
                              "restarts": [e.as_dict() for e in list(self.restart_events)]})
 
+    def _restarted(self) -> list[int]:
+        """The replica (1-based) of each process the supervisor started in place of a dead one."""
+        return [e.replica for e in list(self.restart_events) if e.outcome == "restarted"]
+
     async def no_control_plane(self, request: Request) -> JSONResponse:
         """SGLang replicas have no `/v1/topas/*` endpoints: answer what to use instead (a fan-out
         would only collect 404s, and an aggregate of none would read as 'no replica up')."""
@@ -214,7 +213,7 @@ class Front:
             raise bad_request(CALLS_PROBLEM, "calls")
         suffix = "?" + urllib.parse.urlencode({"calls": calls}) if calls is not None else ""
         raw = await self.fan_out(request, "GET", "/v1/topas/stats" + suffix, parse=False)
-        restarts = sum(1 for e in list(self.restart_events) if e.outcome == "restarted")
+        restarts = len(self._restarted())
         full = request.query_params.get("full") in ("1", "true")
         # megabytes of JSON per replica with full histories: read, merged and written in a
         # thread (on the event loop they held every relay 0.6-0.8 s per stats request)
@@ -227,8 +226,7 @@ class Front:
         if (down := _none_served(answers, "/metrics")) is not None:
             return down
         texts = [a.body if a.ok and isinstance(a.body, str) else None for a in answers]
-        restarted = [e.replica for e in list(self.restart_events) if e.outcome == "restarted"]
-        restarts = replica_restarts_metric(restarted, len(texts))
+        restarts = replica_restarts_metric(self._restarted(), len(texts))
         return PlainTextResponse(replica_up_metric(texts) + restarts + merge_metrics(texts),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 

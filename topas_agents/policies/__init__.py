@@ -7,6 +7,7 @@ mutates the engine: engines apply the returned Decision.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -70,6 +71,7 @@ LIVE_OPTIONS: dict[str, dict[str, str]] = {"topas": {"forecast_mode": "backgroun
 ENTRY_POINT_GROUP = "topas_agents.policies"
 
 
+@functools.cache  # installed packages do not change under a running process; a scan is ~7 ms
 def _entry_points() -> dict[str, str]:
     from importlib.metadata import entry_points
 
