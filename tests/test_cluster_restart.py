@@ -15,7 +15,7 @@ import pytest
 from topas_agents.errors import ConfigError
 from topas_agents.server.cluster.config import ClusterConfig, RestartPolicy
 from topas_agents.server.cluster.procs import start_child, stop_children
-from topas_agents.server.cluster.supervisor import Supervisor
+from topas_agents.server.cluster.supervisor import GATEWAY, GatewayWatch, Supervisor
 
 needs_smg = pytest.mark.skipif(importlib.util.find_spec("smg") is None, reason="needs the [cluster] extra (smg)")
 
@@ -67,6 +67,28 @@ def test_a_replica_that_keeps_dying_is_given_up(tmp_path):
     assert len(sup.events) == 3  # given up: no further attempt, however long it watches
 
 
+def test_a_gateway_that_keeps_dying_is_given_up(tmp_path):
+    # an "smg" that exits at once: the same bounds as a replica's, then `gave_up("smg")`, which
+    # is what ends `topas serve --replicas` (before, any smg death ended it at once)
+    argv = (sys.executable, "-c", "import sys; sys.exit(4)")
+    config = ClusterConfig(replicas=1, restart=RestartPolicy(max_restarts=2, backoff_initial_s=0.0,
+                                                             poll_interval_s=0.05), startup_timeout_s=5)
+    box = [start_child(GATEWAY, argv, log_dir=tmp_path)]
+    box[0].proc.wait(10)
+    watch = GatewayWatch(current=lambda: box[0], replace=lambda child: box.__setitem__(0, child), argv=argv, env={})
+    sup = Supervisor(config, [], log_dir=tmp_path, argv=lambda i, extra: argv, env=lambda i: {}, gateway=watch)
+    sup.start()
+    try:
+        events = sup.wait_for(3, timeout_s=30)
+    finally:
+        sup.stop()
+        stop_children(box, 1.0)
+    assert [(e.process, e.replica, e.outcome) for e in events] == [
+        (GATEWAY, None, "failed"), (GATEWAY, None, "failed"), (GATEWAY, None, "gave_up")]
+    assert events[0].exit_code == 4 and "exited with 4" in events[0].detail
+    assert sup.gave_up(GATEWAY) and not sup.gave_up("replica-1")
+
+
 def _calls_on(url: str) -> int:
     """Chat calls the replica answered (its HTTP counters)."""
     http = httpx.get(f"{url}/v1/topas/stats").json()["requests"]["http"]
@@ -86,7 +108,8 @@ def test_killed_replica_comes_back_with_its_workflows():
         old.kill()
 
         events = cluster.supervisor.wait_for(1, timeout_s=60)
-        assert [(e.replica, e.outcome, e.old_pid) for e in events] == [(victim, "restarted", old.pid)]
+        assert [(e.process, e.replica, e.outcome, e.old_pid) for e in events] == [
+            (f"replica-{victim}", victim, "restarted", old.pid)]
         assert events[0].reregistered == 1
         new = cluster.replicas[victim - 1]
         assert new.pid == events[0].new_pid != old.pid and new.alive()
@@ -113,6 +136,40 @@ def test_killed_replica_comes_back_with_its_workflows():
                 sent += 1
         assert _calls_on(url) > before, f"no call reached the restarted replica in {sent} calls"
         assert len(cluster.restarts) == 1
+    assert all(not child.alive() for child in cluster.children)
+
+
+@needs_smg
+def test_a_killed_gateway_is_restarted_and_a_call_sent_meanwhile_waits_for_it():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from topas_agents.server.cluster.launcher import free_base_port, run_replicas
+
+    def call(client: httpx.Client, k: int) -> httpx.Response:
+        lab = {"task_id": f"g-{k}", "stage": "s1", "agent": "a", "workflow": "chain3"}
+        return client.post(cluster.url + "/chat/completions", json={
+            "model": "m", "max_tokens": 4, "topas": lab, "messages": [{"role": "user", "content": f"call {k}"}]})
+
+    with run_replicas(2, port=free_base_port(5), serve_args=SERVE_ARGS, restart=FAST) as cluster, \
+            httpx.Client(timeout=60) as client, ThreadPoolExecutor(4) as pool:
+        assert call(client, 0).status_code == 200
+        old = cluster.gateway
+        old.kill()
+        # sent while smg is down: before, a 502 at once ("gateway unreachable")
+        pending = [pool.submit(call, client, k) for k in range(1, 5)]
+        events = cluster.supervisor.wait_for(1, timeout_s=60)
+        assert [(e.process, e.replica, e.outcome, e.old_pid) for e in events] == [
+            (GATEWAY, None, "restarted", old.pid)]
+        assert cluster.gateway.pid == events[0].new_pid != old.pid and cluster.gateway.alive()
+        for fut in pending:
+            r = fut.result(timeout=60)
+            assert r.status_code == 200, r.text
+        assert call(client, 9).status_code == 200
+        layout = client.get(cluster.base_url + "/v1/topas/cluster").json()
+        assert [(r["process"], r["outcome"]) for r in layout["restarts"]] == [(GATEWAY, "restarted")]
+        # a gateway restart is not a replica restart: the replicas' counters did not begin again
+        assert 'topas_replica_restarts_total{replica="1"} 0' in client.get(cluster.base_url + "/metrics").text
+        assert client.get(cluster.base_url + "/health").status_code == 200
     assert all(not child.alive() for child in cluster.children)
 
 

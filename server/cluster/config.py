@@ -98,11 +98,15 @@ class RestartPolicy:
     backoff_max_s: float = 8.0
     # How often liveness is checked (a poll of each child's exit status: no I/O).
     poll_interval_s: float = 0.5
+    # How long the front holds a call that finds smg down (connection refused) while smg is
+    # restarted: the first backoff (0.5 s) plus smg's start and worker registration (about
+    # 1-2 s measured on loopback) fit with room for a second attempt; a longer outage is a 502.
+    gateway_wait_s: float = 15.0
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
-        for name in ("window_s", "backoff_max_s", "poll_interval_s"):
+        for name in ("window_s", "backoff_max_s", "poll_interval_s", "gateway_wait_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"restart {name} must be a positive number, got {value}")

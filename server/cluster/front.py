@@ -67,6 +67,8 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
         "transfer-encoding", "upgrade", "host", "content-length"}
 # Set by the front's own HTTP server on every response: relayed from smg too, they came twice.
 _UPSTREAM_ONLY = {"date", "server"}
+# How often a call that found smg down tries to connect again (smg starts in about a second).
+_GATEWAY_RETRY_S = 0.2
 
 class Front:
     """The front's state: the cluster layout, one HTTP client, the served model id."""
@@ -147,9 +149,7 @@ class Front:
             if model is not None:
                 body["model"] = model
             raw = json.dumps(body).encode()
-        upstream = self.http.build_request("POST", self.config.smg_url + request.url.path, content=raw,
-                                           headers=headers)
-        send = asyncio.ensure_future(self.http.send(upstream, stream=True))
+        send = asyncio.ensure_future(self._to_gateway(request.url.path, raw, headers))
         if not await done_before_client_left(send, request):
             # the client left before smg answered (a non-streaming call: smg answers when it
             # is over): cut the relay, so smg cancels the replica's call, as one server does;
@@ -164,6 +164,22 @@ class Front:
             return _error(502, f"gateway unreachable: {type(exc).__name__}: {exc}")
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP | _UPSTREAM_ONLY}
         return StreamingResponse(self.drain.body(resp), status_code=resp.status_code, headers=out_headers)
+
+    async def _to_gateway(self, path: str, raw: bytes, headers: list[tuple[bytes, bytes]]) -> httpx.Response:
+        """POST to smg. A refused connection sent nothing, so it is safe to try again: while the
+        supervisor restarts a dead smg (`RestartPolicy.gateway_wait_s`) the call waits for it
+        instead of failing with a 502 that only the client's one retry could absorb."""
+        loop = asyncio.get_running_loop()
+        restart = self.config.restart
+        deadline = loop.time() + (restart.gateway_wait_s if restart.enabled else 0.0)
+        while True:
+            upstream = self.http.build_request("POST", self.config.smg_url + path, content=raw, headers=headers)
+            try:
+                return await self.http.send(upstream, stream=True)
+            except httpx.ConnectError:
+                if self.drain.draining or loop.time() + _GATEWAY_RETRY_S > deadline:
+                    raise
+            await asyncio.sleep(_GATEWAY_RETRY_S)
 
     async def models(self, request: Request) -> Response:
         """`/v1/models` and `/v1/models/{id}` (openai's models.retrieve), as smg answers them."""
@@ -196,7 +212,7 @@ class Front:
 
     def _restarted(self) -> list[int]:
         """The replica (1-based) of each process the supervisor started in place of a dead one."""
-        return [e.replica for e in list(self.restart_events) if e.outcome == "restarted"]
+        return [e.replica for e in list(self.restart_events) if e.outcome == "restarted" and e.replica is not None]
 
     async def no_control_plane(self, request: Request) -> JSONResponse:
         """SGLang replicas have no `/v1/topas/*` endpoints: answer what to use instead (a fan-out

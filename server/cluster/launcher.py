@@ -30,7 +30,7 @@ from .config import ClusterConfig, GatewaySettings
 from .drain import DrainingFront
 from .front import Front, build_front
 from .procs import Child, start_child, stop_children
-from .supervisor import RestartEvent, Supervisor
+from .supervisor import GATEWAY, GatewayWatch, RestartEvent, Supervisor
 
 # After the front's drain, uvicorn gives calls left in flight this long before cancelling them,
 # and the front's thread gets a little more to close.
@@ -48,7 +48,7 @@ class ClusterHandle:
     replicas: list[Child]
     gateway: Child
     log_dir: Path
-    supervisor: Supervisor | None = None  # restarts dead replicas (None: config.restart.enabled off)
+    supervisor: Supervisor | None = None  # restarts dead replicas and smg (None: config.restart.enabled off)
     # log_dir is the launcher's own temporary folder: removed by a clean stop (one that follows
     # no exception and no replica death); every run left one in /tmp, hundreds of them
     temporary_logs: bool = False
@@ -224,7 +224,7 @@ def start_cluster(config: ClusterConfig, *, log_dir: Path | None = None,
                                        env=replica_env(config, i)))
         deadline = time.monotonic() + config.startup_timeout_s
         _wait_ready(started, [f"{u}/health" for u in config.replica_urls], deadline, "replica")
-        gateway = start_child("smg", smg_argv(config), log_dir=log_dir, env=smg_env(config))
+        gateway = start_child(GATEWAY, smg_argv(config), log_dir=log_dir, env=smg_env(config))
         started.append(gateway)
         _wait_gateway(config, gateway, deadline)
         handle = ClusterHandle(config, started[:-1], gateway, log_dir, temporary_logs=temporary)
@@ -233,10 +233,12 @@ def start_cluster(config: ClusterConfig, *, log_dir: Path | None = None,
         stop_children(started, 5.0)
         raise
     if config.restart.enabled:
+        watch = GatewayWatch(current=lambda: handle.gateway, replace=lambda child: setattr(handle, "gateway", child),
+                             argv=smg_argv(config), env=smg_env(config))
         handle.supervisor = Supervisor(config, handle.replicas, log_dir=log_dir,
                                        argv=lambda i, extra: _restart_argv(config, i, extra),
                                        env=lambda i: replica_env(config, i),
-                                       registrations=front.registrations, on_event=on_restart)
+                                       registrations=front.registrations, on_event=on_restart, gateway=watch)
         front.restart_events = handle.supervisor.events
         handle.supervisor.start()
     return handle
@@ -277,7 +279,7 @@ def serve_replicas(replicas: int, **kw: Any) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         def report(e: RestartEvent) -> None:
-            print(f"topas: replica-{e.replica} (pid {e.old_pid}, exit {e.exit_code}) {e.outcome}: {e.detail}",
+            print(f"topas: {e.process} (pid {e.old_pid}, exit {e.exit_code}) {e.outcome}: {e.detail}",
                   flush=True)
 
         cluster = run_replicas(replicas, on_restart=report, **kw)
@@ -289,7 +291,7 @@ def serve_replicas(replicas: int, **kw: Any) -> int:
                   f"(policy {c.router_policy}); OpenAI base URL {cluster.url}; logs in {cluster.log_dir}{kept}",
                   flush=True)
             while not stop.wait(0.5):
-                if not cluster.gateway.alive():
+                if not cluster.gateway.alive() and (cluster.supervisor is None or cluster.supervisor.gave_up(GATEWAY)):
                     raise TopasError(f"smg exited with status {cluster.gateway.proc.returncode}; its log "
                                      f"({cluster.log_dir / 'smg.log'}) ends:\n{cluster.gateway.tail()}")
     finally:

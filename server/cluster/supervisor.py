@@ -1,5 +1,6 @@
-"""The replica supervisor: a replica process that dies is restarted on its own port, within the
-bounds of `RestartPolicy`, and given back the workflows registered at run time.
+"""The cluster's supervisor: a replica process that dies is restarted on its own port, within the
+bounds of `RestartPolicy`, and given back the workflows registered at run time; a dead smg is
+restarted on its ports within the same bounds.
 
 smg keeps the dead worker in its list (it was started with `--worker-urls`); its health checks
 (every `GatewaySettings.health_check_interval_secs`) and circuit breaker (re-probed after
@@ -51,15 +52,16 @@ class Registration:
 
 @dataclass(frozen=True, slots=True)
 class RestartEvent:
-    """What the supervisor did about one death of replica `replica` (1-based)."""
+    """What the supervisor did about one death of a child process: a replica or smg."""
 
-    replica: int
-    attempt: int  # restarts of this replica within the window, this one included
+    process: str  # the child's name: "replica-<i>" or "smg"
+    replica: int | None  # 1-based; None for the gateway
+    attempt: int  # restarts of this process within the window, this one included
     outcome: Outcome
     exit_code: int | None  # of the process that died
     old_pid: int
     new_pid: int | None
-    reregistered: int  # run-time workflows re-sent and accepted (200/201)
+    reregistered: int  # run-time workflows re-sent and accepted (200/201); 0 for smg
     detail: str
     wall_time: float  # time.time() when the outcome was known
 
@@ -67,18 +69,38 @@ class RestartEvent:
         return asdict(self)
 
 
+@dataclass(frozen=True, slots=True)
+class GatewayWatch:
+    """How the supervisor reaches smg: the current child (the handle's), where a restarted one
+    goes, and smg's command line and environment (unchanged across restarts: its worker URLs
+    are the replicas' fixed ports)."""
+
+    current: Callable[[], Child]
+    replace: Callable[[Child], None]
+    argv: Sequence[str]
+    env: Mapping[str, str]
+
+
+GATEWAY = "smg"
+
+
 class Supervisor:
-    """Watches `replicas` (the handle's list, updated in place with each new Child)."""
+    """Watches `replicas` (the handle's list, updated in place with each new Child) and, given
+    `gateway`, smg itself. A dead smg is restarted the same way (same bounds, same backoff):
+    without it every call through the front failed until someone restarted the whole cluster,
+    replicas and their warm caches included."""
 
     def __init__(self, config: ClusterConfig, replicas: list[Child], *, log_dir: Path,
                  argv: Callable[[int, Sequence[str]], Sequence[str]], env: Callable[[int], Mapping[str, str]],
                  registrations: Callable[[], Sequence[Registration]] = tuple,
-                 on_event: Callable[[RestartEvent], None] | None = None) -> None:
+                 on_event: Callable[[RestartEvent], None] | None = None,
+                 gateway: GatewayWatch | None = None) -> None:
         self.config, self.replicas, self.log_dir = config, replicas, log_dir
         self._argv, self._env, self._registrations, self._on_event = argv, env, registrations, on_event
+        self._gateway = gateway
         self.events: list[RestartEvent] = []
-        self._history: dict[int, list[float]] = {}  # replica -> monotonic restart times
-        self._given_up: set[int] = set()
+        self._history: dict[str, list[float]] = {}  # process name -> monotonic restart times
+        self._given_up: set[str] = set()
         self._stop = threading.Event()
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="topas-supervisor", daemon=True)
@@ -100,59 +122,95 @@ class Supervisor:
                 self._changed.wait(left)
             return list(self.events)
 
+    def gave_up(self, process: str) -> bool:
+        """Whether `process` ("replica-<i>" or "smg") is left down for good."""
+        return process in self._given_up
+
     # ------------------------------------------------------------------ the loop
 
     def _loop(self) -> None:
         while not self._stop.wait(self.config.restart.poll_interval_s):
             for i, child in enumerate(list(self.replicas), start=1):
-                if self._stop.is_set():
-                    return
-                if i in self._given_up or child.alive():
-                    continue
-                try:
-                    self._recover(i, child)
-                except Exception as exc:  # never let the thread die: its children would (PDEATHSIG)
-                    log.exception("replica-%d: restart failed", i)
-                    self._record(RestartEvent(i, 0, "failed", child.proc.returncode, child.pid, None, 0,
-                                              f"{type(exc).__name__}: {exc}", time.time()))
+                self._watch(child, i, lambda dead, i=i: self._recover_replica(i, dead))
+            if self._gateway is not None:
+                self._watch(self._gateway.current(), None, self._recover_gateway)
 
-    def _recent(self, i: int) -> list[float]:
+    def _watch(self, child: Child, replica: int | None, recover: Callable[[Child], None]) -> None:
+        if self._stop.is_set() or child.name in self._given_up or child.alive():
+            return
+        try:
+            recover(child)
+        except Exception as exc:  # never let the thread die: its children would (PDEATHSIG)
+            log.exception("%s: restart failed", child.name)
+            self._record(RestartEvent(child.name, replica, 0, "failed", child.proc.returncode, child.pid, None, 0,
+                                      f"{type(exc).__name__}: {exc}", time.time()))
+
+    def _recent(self, name: str) -> list[float]:
         now = time.monotonic()
-        kept = [t for t in self._history.get(i, []) if now - t < self.config.restart.window_s]
-        self._history[i] = kept
+        kept = [t for t in self._history.get(name, []) if now - t < self.config.restart.window_s]
+        self._history[name] = kept
         return kept
 
-    def _recover(self, i: int, dead: Child) -> None:
+    def _begin(self, dead: Child, replica: int | None) -> int | None:
+        """The bounded part shared by every child: give up past the bound, else back off, clear
+        what the dead process left, and count the attempt. The attempt's number, or None."""
         policy = self.config.restart
-        code = dead.proc.returncode
-        recent = self._recent(i)
+        recent = self._recent(dead.name)
         if len(recent) >= policy.max_restarts:
-            self._given_up.add(i)
-            self._record(RestartEvent(i, len(recent), "gave_up", code, dead.pid, None, 0,
-                                      f"{len(recent)} restarts within {policy.window_s:g} s; left down",
+            self._given_up.add(dead.name)
+            self._record(RestartEvent(dead.name, replica, len(recent), "gave_up", dead.proc.returncode, dead.pid,
+                                      None, 0, f"{len(recent)} restarts within {policy.window_s:g} s; left down",
                                       time.time()))
-            return
+            return None
         if self._stop.wait(policy.backoff_s(len(recent))):
-            return
+            return None
         dead.signal_group(signal.SIGKILL)  # whatever it spawned (SGLang's schedulers) may still hold the port or GPU
         dead.close_log()
         recent.append(time.monotonic())
+        return len(recent)
+
+    def _not_ready(self, dead: Child, replica: int | None, attempt: int, child: Child) -> None:
+        if self._stop.is_set():
+            return  # the cluster is stopping; it stops the new child too
+        detail = (f"exited with {child.proc.returncode}" if not child.alive()
+                  else f"not ready within {self.config.startup_timeout_s:g} s")
+        if child.alive():
+            child.kill()  # the next poll sees it dead and tries again (within the bounds)
+        self._record(RestartEvent(dead.name, replica, attempt, "failed", dead.proc.returncode, dead.pid,
+                                  child.pid, 0, detail, time.time()))
+
+    def _recover_replica(self, i: int, dead: Child) -> None:
+        attempt = self._begin(dead, i)
+        if attempt is None:
+            return
         extra = [a for path in self._startup_workflows() for a in ("--workflow", path)]
         child = start_child(dead.name, self._argv(i, extra), log_dir=self.log_dir, env=self._env(i), append=True)
         self.replicas[i - 1] = child
         url = self.config.replica_urls[i - 1]
-        if not self._wait_healthy(child, url):
-            if self._stop.is_set():
-                return  # the cluster is stopping; it stops the new child too
-            detail = (f"exited with {child.proc.returncode}" if not child.alive()
-                      else f"not healthy within {self.config.startup_timeout_s:g} s")
-            if child.alive():
-                child.kill()  # the next poll sees it dead and tries again (within the bounds)
-            self._record(RestartEvent(i, len(recent), "failed", code, dead.pid, child.pid, 0, detail, time.time()))
+        if not self._wait_ready(child, f"{url}/health", lambda r: r.status_code == 200):
+            self._not_ready(dead, i, attempt, child)
             return
         accepted, total = self._reregister(url)
-        self._record(RestartEvent(i, len(recent), "restarted", code, dead.pid, child.pid, accepted,
-                                  f"healthy; {accepted}/{total} run-time workflows re-registered", time.time()))
+        self._record(RestartEvent(dead.name, i, attempt, "restarted", dead.proc.returncode, dead.pid, child.pid,
+                                  accepted, f"healthy; {accepted}/{total} run-time workflows re-registered",
+                                  time.time()))
+
+    def _recover_gateway(self, dead: Child) -> None:
+        """smg on its own ports with its own command line: its worker list is the replicas'
+        fixed URLs, so it finds them again (a restarted replica included); task affinity starts
+        afresh, and a task whose next call lands elsewhere is rebuilt there from its labels,
+        as after a replica death (docs/cluster.md, Failover)."""
+        assert self._gateway is not None
+        attempt = self._begin(dead, None)
+        if attempt is None:
+            return
+        child = start_child(dead.name, self._gateway.argv, log_dir=self.log_dir, env=self._gateway.env, append=True)
+        self._gateway.replace(child)
+        if not self._wait_ready(child, f"{self.config.smg_url}/v1/models", _serves_models):
+            self._not_ready(dead, None, attempt, child)
+            return
+        self._record(RestartEvent(dead.name, None, attempt, "restarted", dead.proc.returncode, dead.pid, child.pid,
+                                  0, "serving; its workers registered", time.time()))
 
     def _startup_workflows(self) -> list[str]:
         """`--workflow` values for the anonymous run-time registrations: a built-in's name, or a
@@ -180,12 +238,12 @@ class Supervisor:
             out.append(str(path))
         return out
 
-    def _wait_healthy(self, child: Child, url: str) -> bool:
+    def _wait_ready(self, child: Child, url: str, ready: Callable[[httpx.Response], bool]) -> bool:
         deadline = time.monotonic() + self.config.startup_timeout_s
         with httpx.Client(timeout=2.0) as client:
             while child.alive() and time.monotonic() < deadline:
                 with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{url}/health").status_code == 200:
+                    if ready(client.get(url)):
                         return True
                 if self._stop.wait(0.1):
                     return False
@@ -211,7 +269,7 @@ class Supervisor:
     def _record(self, event: RestartEvent) -> None:
         if self._on_event is None:  # a listener says it itself (`topas serve` printed each failure twice)
             level = logging.INFO if event.outcome == "restarted" else logging.WARNING
-            log.log(level, "replica-%d (pid %d, exit %s): %s, %s", event.replica, event.old_pid,
+            log.log(level, "%s (pid %d, exit %s): %s, %s", event.process, event.old_pid,
                     event.exit_code, event.outcome, event.detail)
         with self._changed:
             self.events.append(event)
@@ -219,3 +277,12 @@ class Supervisor:
         if self._on_event is not None:
             with contextlib.suppress(Exception):
                 self._on_event(event)
+
+
+def _serves_models(r: httpx.Response) -> bool:
+    """smg answers /v1/models with a model once it has registered a worker."""
+    try:
+        body = r.json() if r.status_code == 200 else None
+    except ValueError:
+        return False
+    return isinstance(body, dict) and bool(body.get("data"))
