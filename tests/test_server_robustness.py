@@ -186,6 +186,22 @@ def test_engine_failure_fails_calls_cleanly_and_health_reports_it() -> None:
         handle.stop()
 
 
+def test_an_engine_without_a_policy_attribute_shuts_down_cleanly() -> None:
+    # the Engine protocol names no `policy`; the service's stop read `engine.policy` and raised
+    from topas_agents.server.app import build_app
+
+    app = build_app(ServerConfig(time_scale=10.0), engine_factory=fake_factory())
+
+    async def serve_and_stop() -> None:
+        svc = app.state.service
+        assert not hasattr(svc.engine, "policy")
+        async with app.router.lifespan_context(app):
+            pass
+        assert svc.loop.failure is None
+
+    asyncio.run(serve_and_stop())
+
+
 def test_a_crashed_engine_loop_fails_calls_instead_of_hanging(monkeypatch) -> None:
     """A bug in the loop itself (not in the engine, which `_advance` catches) ended its task:
     on Python 3.10 the idle sleep's timeout escaped it, and every later call waited forever."""

@@ -3,7 +3,6 @@ and the JSON document."""
 
 from __future__ import annotations
 
-import math
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.options import options_record
+from ..percentile import percentile
 from .generate import workflow_to_dict, workflow_to_yaml
 from .ratios import METRICS, Ratio, worst_load
 from .reuse import profile_record
@@ -21,7 +21,7 @@ from .runner import KEPT_METRICS, SuiteConfig, WorkflowResult
 LOSS_THRESHOLD = 1.02
 DEFAULT_WORST_N = 5
 FLOOR_LABEL = "(1 baseline)"
-QUANTILES = (0.1, 0.5, 0.9)
+PERCENTILES = (10, 50, 90)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,20 +39,12 @@ class Dist:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-def _quantile(sorted_vals: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    pos = q * (len(sorted_vals) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_vals) - 1)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
-
-
 def distribution(values: Sequence[float | None]) -> Dist:
     known = sorted(v for v in values if v is not None)
     unknown = len(values) - len(known)
     if not known:
         return Dist(0, None, None, None, None, None, 0, unknown)
-    p10, p50, p90 = (_quantile(known, q) for q in QUANTILES)
+    p10, p50, p90 = (percentile(known, q) for q in PERCENTILES)
     return Dist(len(known), known[0], p10, p50, p90, known[-1],
                 sum(v > LOSS_THRESHOLD for v in known), unknown)
 
