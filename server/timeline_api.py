@@ -72,5 +72,6 @@ def install_timeline(app: FastAPI, svc: SimService, tenant_of: Callable[[Request
         tenant = tenant_of(request)
         # Freezing the records runs in the engine task (no races); building the JSON does not.
         tl = await svc.in_engine(lambda: rec.timeline(svc.engine.now))
-        doc = await asyncio.to_thread(_render, tl, n, tenant, svc.config.policy)
-        return JSONResponse(doc)
+        # nor encoding it (a few MB at the default bounds): a JSONResponse encodes its content
+        # when it is built, and it was built on the loop
+        return await asyncio.to_thread(lambda: JSONResponse(_render(tl, n, tenant, svc.config.policy)))

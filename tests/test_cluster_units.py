@@ -522,3 +522,86 @@ def test_replica_restarts_are_a_counter_per_replica() -> None:
     text = replica_restarts_metric([2, 2, 3], replicas=3)
     assert "# TYPE topas_replica_restarts_total counter" in text
     assert [line.split()[-1] for line in text.splitlines() if not line.startswith("#")] == ["0", "2", "1"]
+
+
+def test_front_rewrites_a_big_body_off_the_event_loop():
+    # a 16 MiB body took about 0.25 s to parse and re-encode, on the loop every relay shares
+    import threading
+
+    import httpx
+    from starlette.testclient import TestClient
+
+    from topas_agents.server.cluster import front as front_mod
+    from topas_agents.server.cluster.front import build_front
+
+    seen: list[bytes] = []
+
+    def smg(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "sim"}]})
+        seen.append(request.read())
+        return httpx.Response(200, stream=httpx.ByteStream(b'{"ok": true}'))
+
+    app = build_front(ClusterConfig(replicas=2))
+    front = app.state.front
+    front.client = httpx.AsyncClient(transport=httpx.MockTransport(smg))
+    threads: list[str] = []
+    rewrite = front._rewritten
+
+    def recording(*args):
+        threads.append(threading.current_thread().name)
+        return rewrite(*args)
+
+    front._rewritten = recording
+    big = "x" * (front_mod.OFFLOAD_BYTES + 1)
+    with TestClient(app) as client:
+        for content in ("small", big):
+            r = client.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": content}]},
+                            headers={"X-Topas-Task-Id": "t1", "X-Topas-Stage": "s", "X-Topas-Agent": "a"})
+            assert r.status_code == 200
+    loop_thread, worker = threads
+    assert worker != loop_thread  # the big one in a worker thread, the small one where the loop runs
+    for raw, content in zip(seen, ("small", big), strict=True):
+        body = json.loads(raw)
+        assert body["model"] == "sim" and body["topas"]["task_id"] == "t1"
+        assert body["messages"][0]["content"] == content
+
+
+def test_a_relay_whose_client_left_before_the_body_closes_the_upstream_response():
+    # the stream task was cancelled before the body generator started, so its cleanup never ran:
+    # the pooled connection to smg stayed taken and the replica's call ran on
+    import asyncio
+    import contextlib
+
+    from starlette.requests import ClientDisconnect
+
+    from topas_agents.server.cluster.front import _RelayResponse
+
+    class Upstream:
+        closed = False
+
+        async def aclose(self) -> None:
+            self.closed = True
+
+    async def body():
+        yield b"never sent"
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    async def send_raising(message):
+        raise OSError("client gone")  # ASGI 2.4: a send after the client disconnected
+
+    async def send_stuck(message):
+        await asyncio.sleep(5)  # ASGI 2.3 (uvicorn's): Starlette's disconnect listener cancels this
+
+    async def relay(spec: str) -> None:
+        send = send_raising if spec == "2.4" else send_stuck
+        with contextlib.suppress(ClientDisconnect):
+            await response({"type": "http", "asgi": {"spec_version": spec}}, receive, send)
+
+    for spec in ("2.4", "2.3"):  # 2.3: Starlette's disconnect listener cancels the stream task
+        upstream = Upstream()
+        response = _RelayResponse(body(), upstream, status_code=200)
+        asyncio.run(asyncio.wait_for(relay(spec), 10))
+        assert upstream.closed, spec

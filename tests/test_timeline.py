@@ -232,6 +232,27 @@ def test_timeline_endpoint(server) -> None:
     assert {e["args"]["rid"] for e in one["traceEvents"] if e["ph"] == "X" and e["pid"] != 0} == {rids[-1]}
 
 
+def test_timeline_is_encoded_off_the_event_loop(server, monkeypatch) -> None:
+    # a document of a few MB was built in a thread but encoded on the loop every call shares
+    import threading
+
+    from fastapi.responses import JSONResponse
+
+    _chat(server, "tl-enc", *[(s.name, s.agent) for s in load_workflow("chain3").stages][0])
+    encoded_in: list[str] = []
+    render = JSONResponse.render
+
+    def recording(self, content):
+        encoded_in.append(threading.current_thread().name)
+        return render(self, content)
+
+    monkeypatch.setattr(JSONResponse, "render", recording)
+    r = httpx.get(f"{server.base_url}/v1/topas/timeline", timeout=10)
+    assert r.status_code == 200 and r.json()["traceEvents"]
+    loop_thread = server._thread.name
+    assert encoded_in and loop_thread not in encoded_in
+
+
 @pytest.mark.parametrize("params, param", [({"format": "svg"}, "format"), ({"n": "0"}, "n"),
                                            ({"n": "abc"}, "n"), ({"n": "2001"}, "n"), ({"n": "-3"}, "n")])
 def test_timeline_endpoint_bad_params(server, params: dict, param: str) -> None:

@@ -20,7 +20,7 @@ import json
 import threading
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 from starlette.applications import Starlette
@@ -55,6 +55,7 @@ from .requests import (
     MAX_CALL_BODY_BYTES,
     MAX_CALLS_DIGITS,
     MAX_WORKFLOW_BODY_BYTES,
+    OFFLOAD_BYTES,
     done_path,
     label_into_metadata,
     lift_label,
@@ -69,6 +70,30 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
 _UPSTREAM_ONLY = {"date", "server"}
 # How often a call that found smg down tries to connect again (smg starts in about a second).
 _GATEWAY_RETRY_S = 0.2
+
+class RelayedCall(NamedTuple):
+    """A call's body as the front sends it to smg, and its routing-key header value."""
+
+    body: bytes
+    route_key: bytes | None
+
+
+class _RelayResponse(StreamingResponse):
+    """smg's answer relayed; the upstream response is closed however the relay ends. A client
+    that left before the body's first chunk had its stream task cancelled before the body
+    generator started, so the generator's own cleanup never ran: the pooled connection to smg
+    stayed taken and the replica's call ran to its end."""
+
+    def __init__(self, content: AsyncIterator[bytes], upstream: httpx.Response, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._upstream = upstream
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._upstream.aclose()
+
 
 class Front:
     """The front's state: the cluster layout, one HTTP client, the served model id."""
@@ -137,18 +162,14 @@ class Front:
         # would encode that text as ASCII, so a non-ASCII value (a UTF-8 X-Topas-Task-Id) was a 500
         drop = _HOP | {ROUTE_KEY_HEADER.lower()}
         headers = [(k, v) for k, v in request.headers.raw if k.decode("latin-1").lower() not in drop]
-        body = parse_json_body(raw)
-        if isinstance(body, dict):  # else (a list, a number) the replica answers the 400
-            label = lift_label(body, request.headers)
-            key = route_key(label, self.config.router_policy)
-            if key is not None:
-                headers.append((ROUTE_KEY_HEADER.encode("ascii"), route_key_header(key)))
-            if request.url.path == "/v1/responses" and label is not None:
-                label_into_metadata(body)
-            model = await self.model_id()
-            if model is not None:
-                body["model"] = model
-            raw = json.dumps(body).encode()
+        model = await self.model_id()
+        # parsing and re-encoding a big body (16 MiB: about 0.25 s here) held every relay
+        # on the event loop; above a replica's own threshold it runs in a worker thread
+        args = (raw, request.headers, request.url.path, model)
+        call = await asyncio.to_thread(self._rewritten, *args) if len(raw) > OFFLOAD_BYTES else self._rewritten(*args)
+        raw = call.body
+        if call.route_key is not None:
+            headers.append((ROUTE_KEY_HEADER.encode("ascii"), call.route_key))
         send = asyncio.ensure_future(self._to_gateway(request.url.path, raw, headers))
         if not await done_before_client_left(send, request):
             # the client left before smg answered (a non-streaming call: smg answers when it
@@ -163,7 +184,22 @@ class Front:
         except httpx.HTTPError as exc:
             return _error(502, f"gateway unreachable: {type(exc).__name__}: {exc}")
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP | _UPSTREAM_ONLY}
-        return StreamingResponse(self.drain.body(resp), status_code=resp.status_code, headers=out_headers)
+        return _RelayResponse(self.drain.body(resp), resp, status_code=resp.status_code, headers=out_headers)
+
+    def _rewritten(self, raw: bytes, headers: Mapping[str, str], path: str, model: str | None) -> RelayedCall:
+        """The call as smg gets it: the label lifted into the body (smg drops X-Topas-*), its
+        routing key, and the served model's name. A body that is not an object goes as sent
+        (the replica answers the 400)."""
+        body = parse_json_body(raw)
+        if not isinstance(body, dict):
+            return RelayedCall(raw, None)
+        label = lift_label(body, headers)
+        key = route_key(label, self.config.router_policy)
+        if path == "/v1/responses" and label is not None:
+            label_into_metadata(body)
+        if model is not None:
+            body["model"] = model
+        return RelayedCall(json.dumps(body).encode(), route_key_header(key) if key is not None else None)
 
     async def _to_gateway(self, path: str, raw: bytes, headers: list[tuple[bytes, bytes]]) -> httpx.Response:
         """POST to smg. A refused connection sent nothing, so it is safe to try again: while the

@@ -27,6 +27,8 @@ from .config import KEYED_POLICIES
 _REPLICA_LIMITS = ServerConfig()
 MAX_CALL_BODY_BYTES = _REPLICA_LIMITS.max_body_bytes
 MAX_WORKFLOW_BODY_BYTES = _REPLICA_LIMITS.max_workflow_bytes
+# A call body above this is parsed and re-encoded in a worker thread, as a replica parses it.
+OFFLOAD_BYTES = _REPLICA_LIMITS.offload_bytes
 # The replicas' bound on `?calls=` (server/app.py `_calls_param`: 0..999999999): a longer value
 # is refused here with their message, not sent (70000 digits made a URL httpx refuses).
 MAX_CALLS_DIGITS = 9
