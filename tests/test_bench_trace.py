@@ -116,6 +116,11 @@ def test_rate_redraws_poisson_arrivals_in_recorded_order(tmp_path):
     assert [p.task_id for p in a] == [f"t{i}" for i in range(6)]
     assert all(x < y for x, y in zip([p.arrival_s for p in a], [p.arrival_s for p in a][1:], strict=False))
     assert [p.arrival_s for p in load_trace(path, rate=2.0, seed=8)] != [p.arrival_s for p in a]
+    # one arrival process per seed: the simulator's own traces draw the same times
+    from topas_agents.sim import make_trace
+    from topas_agents.workflow import load_workflow
+
+    assert [p.arrival_s for p in a] == [p.arrival_s for p in make_trace(load_workflow("chain3"), 6, 2.0, 7)]
     assert len(load_trace(path, max_tasks=4)) == 4
     with pytest.raises(ConfigError, match="rate must be a positive number"):
         redraw_arrivals(a, 0.0, 1)

@@ -51,8 +51,13 @@ def ev(tmp_path_factory: pytest.TempPathFactory):
 
 @metagpt_only
 def test_poisson_arrivals_and_cycled_specs(ev):
-    a = ev.poisson_arrivals(2000, 0.5, seed=3)
-    assert a[0] == 0 and a == sorted(a) and a == ev.poisson_arrivals(2000, 0.5, seed=3)
+    from topas_agents.sim.driver import poisson_arrivals
+
+    a = ev.eval_arrivals(2000, 0.5, seed=3)
+    assert a[0] == 0 and a == sorted(a) and a == ev.eval_arrivals(2000, 0.5, seed=3)
+    # the simulator's arrival process of the same seed, moved to start at once
+    sim = poisson_arrivals(2000, 0.5, seed=3)
+    assert a == pytest.approx([t - sim[0] for t in sim]) and ev.eval_arrivals(0, 0.5, seed=3) == []
     gaps = [y - x for x, y in zip(a, a[1:], strict=False)]
     assert statistics.mean(gaps) == pytest.approx(2.0, rel=0.1)
     specs = ev.make_specs(load_softwaredev(2), 5)

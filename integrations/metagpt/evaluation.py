@@ -23,7 +23,6 @@ require_prepared(__name__)  # before any metagpt import
 
 import dataclasses
 import math
-import random
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from topas_agents.errors import ConfigError
+from topas_agents.sim.driver import poisson_arrivals
 
 from .cli_support import max_tokens_options
 from .config_file import DEFAULT_ROOT
@@ -92,15 +92,12 @@ def make_specs(prompts: Sequence[SoftwareDevPrompt], n: int, prefix: str | None 
     return out
 
 
-def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
-    """Arrival times (first at 0) of a Poisson process at `rate`, seeded."""
-    rng = random.Random(seed)
-    times, now = [], 0.0
-    for i in range(n):
-        if i:
-            now += rng.expovariate(rate)
-        times.append(now)
-    return times
+def eval_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """The simulator's arrival process for `seed` (`sim.driver.poisson_arrivals`), moved so the
+    first task starts at once: the same gaps as a simulated run of the same seed, without an
+    idle first wait of real time."""
+    times = poisson_arrivals(n, rate, seed)
+    return [t - times[0] for t in times] if times else []
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -159,7 +156,7 @@ async def evaluate(config: EvalConfig, prompts: Sequence[SoftwareDevPrompt], *, 
                    trace_dir: Path | None = None) -> dict[str, Any]:
     """Run every policy; returns the JSON document (`summary` per policy + per-task rows)."""
     specs = make_specs(prompts, config.tasks, config.task_id_prefix)
-    arrivals = poisson_arrivals(len(specs), config.rate, config.seed)
+    arrivals = eval_arrivals(len(specs), config.rate, config.seed)
     policies = config.policies if config.server is None else (EXTERNAL,)
     external = _external_info(config)
     scale = config.time_scale if external is None else external.time_scale if external.simulated else None

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..errors import ConfigError
+from ..sim.driver import poisson_arrivals
 from ..workflow import RoundPlan, TaskPlan, Workflow, builtin_workflows, load_workflow
 from ..workflow_parse import unique_json_keys
 from .protocol import LIMITS
@@ -238,10 +238,5 @@ def redraw_arrivals(tasks: Sequence[TaskPlan], rate: float, seed: int) -> tuple[
     """Same tasks, same order, Poisson arrivals at `rate` tasks/s from `seed`."""
     if not (rate > 0 and math.isfinite(rate)):
         raise ConfigError(f"rate must be a positive number, got {rate!r}")
-    rng = random.Random(seed)
-    now = 0.0
-    out = []
-    for task in tasks:
-        now += rng.expovariate(rate)
-        out.append(replace(task, arrival_s=now))
-    return tuple(out)
+    times = poisson_arrivals(len(tasks), rate, seed)
+    return tuple(replace(task, arrival_s=t) for task, t in zip(tasks, times, strict=True))

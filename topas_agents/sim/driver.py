@@ -21,6 +21,19 @@ from .record import TimelineRecorder
 from .types import RunResult, StallError, TaskResult
 
 
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """The arrival times of `n` tasks of a Poisson process at `rate` tasks/s (the first one gap
+    after 0), from the stream of `seed` that every arrival process here draws from: the
+    simulator's traces, a recorded trace redrawn at a rate, and the real-engine evaluation,
+    so one seed means one arrival process everywhere."""
+    gaps = random.Random(f"arrivals-{seed}")
+    t, times = 0.0, []
+    for _ in range(n):
+        t += gaps.expovariate(rate)
+        times.append(t)
+    return times
+
+
 def make_trace(workflow: Workflow, n_tasks: int, rate: float, seed: int) -> tuple[TaskPlan, ...]:
     """`n_tasks` tasks with Poisson arrivals at `rate` tasks/s, ids f"{wf.name}-{i}".
 
@@ -31,14 +44,9 @@ def make_trace(workflow: Workflow, n_tasks: int, rate: float, seed: int) -> tupl
         raise ConfigError(f"n_tasks must be an integer >= 0, got {n_tasks!r}")
     if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0 < rate < math.inf:
         raise ConfigError(f"arrival rate must be a finite number > 0 tasks/s, got {rate!r}")
-    gaps = random.Random(f"arrivals-{seed}")
     sizes = random.Random(seed)
-    t = 0.0
-    plans = []
-    for i in range(n_tasks):
-        t += gaps.expovariate(rate)
-        plans.append(sample_task(workflow, f"{workflow.name}-{i}", t, sizes))
-    return tuple(plans)
+    return tuple(sample_task(workflow, f"{workflow.name}-{i}", t, sizes)
+                 for i, t in enumerate(poisson_arrivals(n_tasks, rate, seed)))
 
 
 class _TaskRun:
