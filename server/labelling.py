@@ -13,15 +13,21 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import LabelError
-from ..labels import BODY_KEY, METADATA_KEYS, Label, label_from_metadata, parse_label
+from ..labels import (
+    BODY_KEY,
+    METADATA_KEYS,
+    UNLABELLED_AGENT,
+    UNLABELLED_STAGE,
+    Label,
+    label_from_metadata,
+    parse_label,
+    unlabelled_task_id,
+)
 from ..workflow import Workflow
 from .api_errors import bad_request, from_label_error
 from .protocol import ParsedCall
 from .tenancy import Tenant, qualify
 from .workflows import WorkflowRegistry
-
-UNLABELLED_STAGE = "default"
-UNLABELLED_AGENT = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +95,7 @@ def resolve_label(body: Mapping[str, Any], headers: Mapping[str, str], call: Par
         source = "body"  # metadata is part of the body
     if lab is None:
         # each unlabelled call is its own one-stage task; its prompt is all dynamic input
-        return ResolvedLabel(None, "none", qualify(tenant, f"untagged-{rid}"), UNLABELLED_STAGE,
+        return ResolvedLabel(None, "none", qualify(tenant, unlabelled_task_id(rid)), UNLABELLED_STAGE,
                              qualify(tenant, UNLABELLED_AGENT), None, None, 0, "unlabelled", tenant)
     wf = _check_workflow(lab, registry, tenant, served_without_dag)
     if lab.prefix_tokens is not None:

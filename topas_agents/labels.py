@@ -35,6 +35,15 @@ HEADERS = {
     "prefix_tokens": "X-Topas-Prefix-Tokens",
 }
 MAX_LABEL_CHARS = 256  # a label's text (task id, stage, agent, workflow)
+# An unlabelled call is a one-call task of its own, in this stage and agent, on every engine
+# (the embedded server and the SGLang plugin): no prefix is shared with it.
+UNLABELLED_STAGE = "default"
+UNLABELLED_AGENT = "default"
+
+
+def unlabelled_task_id(rid: str) -> str:
+    return f"untagged-{rid}"
+
 # Larger than any KV budget; also bounds the digits int() parses (a 5000-digit header raised).
 MAX_PREFIX_TOKENS = 2**31 - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")

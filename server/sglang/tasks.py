@@ -13,12 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ...labels import Label
+from ...labels import UNLABELLED_AGENT, UNLABELLED_STAGE, Label, unlabelled_task_id
 from ...snapshot import StageDone, TaskView
 from ...task_tracker import Action, StageDoneAction, TaskDoneAction, TaskTracker
 from ...workflow import Workflow
 
-UNLABELLED = "default"  # stage and agent of an unlabelled request (as the embedded server)
 ReqState = Literal["new", "waiting", "running"]
 
 
@@ -55,7 +54,7 @@ class RequestBook:
 
     def arrive(self, rid: str, label: Label | None, now: float) -> ReqMeta:
         if label is None:
-            task_id, stage, agent, wf_name = f"untagged-{rid}", UNLABELLED, UNLABELLED, None
+            task_id, stage, agent, wf_name = unlabelled_task_id(rid), UNLABELLED_STAGE, UNLABELLED_AGENT, None
         else:
             task_id, stage, agent, wf_name = label.task_id, label.stage, label.agent, label.workflow
         wf = self.workflows.get(wf_name) if wf_name is not None else None
