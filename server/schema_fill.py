@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from .pattern_fill import pattern_example
 
 # Bounds on the placeholder arguments: a schema is client input, and recursive `$ref`s or a
 # huge `minItems`/`minLength` must not make the reply (or the work) large.
@@ -28,7 +31,13 @@ MAX_LITERAL_TOTAL_CHARS = 64 * 1024
 # without printing it.
 _DIGITS_PER_BIT = 0.302
 _FORMAT_EXAMPLES = {"date-time": "1970-01-01T00:00:00Z", "date": "1970-01-01", "time": "00:00:00",
-                    "email": "user@example.com", "uri": "https://example.com", "uuid": "00000000-0000-0000-0000-000000000000"}
+                    "email": "user@example.com", "idn-email": "user@example.com",
+                    "uri": "https://example.com", "iri": "https://example.com",
+                    "uri-reference": "https://example.com", "iri-reference": "https://example.com",
+                    "uuid": "00000000-0000-0000-0000-000000000000", "ipv4": "192.0.2.1", "ipv6": "2001:db8::1",
+                    "hostname": "example.com", "idn-hostname": "example.com", "duration": "P1D",
+                    "json-pointer": "/a", "relative-json-pointer": "0", "regex": ".*", "uri-template": "/{id}",
+                    "byte": "AAAA"}
 
 
 def _finite(value: Any) -> float | None:
@@ -136,14 +145,9 @@ class _SchemaFiller:
             required = schema.get("required") if isinstance(schema.get("required"), list) else []
             return self._required_properties(props, required, depth)
         if kind == "array":
-            n = min(int(_finite(schema.get("minItems")) or 0), MAX_ARRAY_ITEMS)
-            return [self.value(schema.get("items", {}), depth + 1) for _ in range(max(0, n))]
+            return self._array(schema, depth)
         if kind == "string":
-            text = _FORMAT_EXAMPLES.get(str(schema.get("format")), "example")
-            shortest = min(int(_finite(schema.get("minLength")) or 0), MAX_STRING_CHARS)
-            longest = _finite(schema.get("maxLength"))
-            text = text.ljust(shortest, "x")
-            return text[: max(0, int(longest))] if longest is not None and longest < len(text) else text
+            return self._string(schema)
         if kind in ("integer", "number"):
             return self._number(schema, kind == "integer")
         return False if kind == "boolean" else None
@@ -158,20 +162,88 @@ class _SchemaFiller:
             out[name] = self.value(props.get(name, {}), depth + 1)
         return out
 
+    def _array(self, schema: Mapping[str, Any], depth: int) -> list[Any]:
+        """`minItems` items: the tuple positions first (`prefixItems`, or a list under `items`
+        as older drafts write it: pydantic's `tuple[float, float]`), then `items`."""
+        n = max(0, min(int(_finite(schema.get("minItems")) or 0), MAX_ARRAY_ITEMS))
+        items = schema.get("items", {})
+        prefix = schema.get("prefixItems", items if isinstance(items, list) else [])
+        prefix = prefix[:MAX_ARRAY_ITEMS] if isinstance(prefix, list) else []
+        rest = items if isinstance(items, Mapping) else {}
+        return [self.value(sub, depth + 1) for sub in prefix] + \
+            [self.value(rest, depth + 1) for _ in range(n - len(prefix))]
+
+    @staticmethod
+    def _string(schema: Mapping[str, Any]) -> str:
+        """A format's example, else a string the `pattern` matches, else "example"; padded or cut
+        to the length bounds (a pattern's string is left as built: padding would break it)."""
+        text = _FORMAT_EXAMPLES.get(str(schema.get("format")))
+        patterned = text is None and (text := pattern_example(schema.get("pattern"), MAX_STRING_CHARS)) is not None
+        text = "example" if text is None else text
+        if patterned:
+            return text
+        shortest = min(int(_finite(schema.get("minLength")) or 0), MAX_STRING_CHARS)
+        longest = _finite(schema.get("maxLength"))
+        text = text.ljust(shortest, "x")
+        return text[: max(0, int(longest))] if longest is not None and longest < len(text) else text
+
     @staticmethod
     def _number(schema: Mapping[str, Any], integer: bool) -> int | float:
-        """0 moved into [minimum, maximum] (exclusive bounds moved by 1)."""
-        lo, hi = _finite(schema.get("minimum")), _finite(schema.get("maximum"))
-        if _finite(schema.get("exclusiveMinimum")) is not None:
-            lo = _finite(schema["exclusiveMinimum"]) + 1
-        if _finite(schema.get("exclusiveMaximum")) is not None:
-            hi = _finite(schema["exclusiveMaximum"]) - 1
-        x = 0.0
-        if lo is not None and x < lo:
-            x = float(math.ceil(lo)) if integer else lo
-        elif hi is not None and x > hi:
-            x = float(math.floor(hi)) if integer else hi
-        return int(x) if integer else x
+        """0 when the bounds and `multipleOf` allow it, else a value inside them: the lower
+        bound (just above it when exclusive), the upper one, or their midpoint when both are
+        exclusive, rounded to the multiple. Exclusive bounds were moved by 1, also on floats: a
+        `gt=0, lt=1` confidence got 1.0, outside its own schema."""
+        low = _Bound.of(schema, "minimum", "exclusiveMinimum")
+        high = _Bound.of(schema, "maximum", "exclusiveMaximum")
+        step = _finite(schema.get("multipleOf"))
+        step = step if step is not None and step > 0 else (1.0 if integer else None)
+
+        def fits(x: float) -> bool:
+            return low.below(x) and high.above(x)
+
+        if step is not None:  # the multiples of the step: 0, else the first past each bound
+            candidates = [0.0]
+            if low.value is not None:
+                k = math.ceil(low.value / step)
+                candidates.append((k + 1 if low.exclusive and k * step <= low.value else k) * step)
+            if high.value is not None:
+                k = math.floor(high.value / step)
+                candidates.append((k - 1 if high.exclusive and k * step >= high.value else k) * step)
+        else:
+            candidates = [0.0]
+            if low.value is not None:
+                candidates.append(low.value if not low.exclusive else
+                                  (low.value + high.value) / 2 if high.value is not None else low.value + 1)
+            if high.value is not None:
+                candidates.append(high.value if not high.exclusive else high.value - 1)
+        x = next((c for c in candidates if fits(c)), candidates[-1])  # none fits: the range is empty
+        return int(round(x)) if integer else x
+
+
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    """One side of a number's range: its value and whether it is exclusive (draft 6+ writes
+    `exclusiveMinimum: 0`, draft 4 `minimum: 0, exclusiveMinimum: true`)."""
+
+    value: float | None
+    exclusive: bool
+    lower: bool
+
+    @classmethod
+    def of(cls, schema: Mapping[str, Any], inclusive_key: str, exclusive_key: str) -> _Bound:
+        lower = inclusive_key == "minimum"
+        exclusive = _finite(schema.get(exclusive_key))
+        if exclusive is not None:
+            return cls(exclusive, True, lower)
+        return cls(_finite(schema.get(inclusive_key)), schema.get(exclusive_key) is True, lower)
+
+    def below(self, x: float) -> bool:
+        """Whether `x` is on the allowed side of this lower bound."""
+        return self.value is None or (x > self.value if self.exclusive else x >= self.value)
+
+    def above(self, x: float) -> bool:
+        """Whether `x` is on the allowed side of this upper bound."""
+        return self.value is None or (x < self.value if self.exclusive else x <= self.value)
 
 
 def tool_arguments(parameters: Mapping[str, Any]) -> str:

@@ -5,20 +5,22 @@ client parses into the caller's pydantic model, streaming or not."""
 from __future__ import annotations
 
 import json
+import math
+import re
 
 import httpx
 import openai
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, conint
 
 from topas_agents.server import ServerConfig, start_server_in_thread
 from topas_agents.server.api_errors import ApiError
 from topas_agents.server.openai_format import TEXT_FORMAT, ResponseFormat, parse_response_format
 from topas_agents.server.protocol import Message
 from topas_agents.server.responders import EchoResponder, LoremResponder, ResponseContext
-from topas_agents.server.schema_fill import schema_value
+from topas_agents.server.schema_fill import schema_value, tool_arguments
 
 USER = [{"role": "user", "content": "Plan a trip to Paris"}]
 
@@ -140,3 +142,70 @@ def test_a_malformed_response_format_over_http_is_400(client) -> None:
     r = httpx.post(f"{client.base_url}chat/completions", timeout=10,
                    json={"model": "m", "messages": USER, "response_format": {"type": "yaml"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+
+
+class Constrained(BaseModel):
+    """The constraints frameworks put on fields (found failing with AutoGen tools and `.parse()`):
+    the placeholder broke each of them before."""
+
+    confidence: float = Field(gt=0, lt=1)  # was 1.0: exclusive bounds moved by 1, also on floats
+    share: float = Field(gt=0.0, le=0.7)
+    point: tuple[float, float]  # prefixItems: was [null, null]
+    mixed: tuple[int, str, bool]
+    weekly: conint(multiple_of=7, ge=1)  # was 1
+    order: str = Field(pattern="^ORD-[0-9]{4}$")  # was "example"
+    phone: str = Field(pattern=r"^\+?[1-9]\d{1,14}$")
+    address: str = Field(json_schema_extra={"format": "ipv4"})
+    negative: int = Field(lt=0)
+
+
+def test_a_value_of_a_constrained_schema_validates() -> None:
+    schema = Constrained.model_json_schema()
+    Constrained.model_validate_json(schema_value(schema))
+    Constrained.model_validate_json(tool_arguments(schema))
+    # draft 4's boolean exclusive bounds
+    assert json.loads(schema_value({"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1})) > 0
+
+
+_BOUND = st.one_of(st.none(), st.integers(-50, 50), st.floats(-50, 50, allow_nan=False).map(lambda x: round(x, 2)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(integer=st.booleans(), low=_BOUND, high=_BOUND, low_excl=st.booleans(), high_excl=st.booleans(),
+       multiple=st.one_of(st.none(), st.integers(1, 9)))
+def test_a_number_meets_its_bounds_whenever_they_allow_one(integer, low, high, low_excl, high_excl, multiple) -> None:
+    spec: dict = {"type": "integer" if integer else "number"}
+    if low is not None:
+        spec["exclusiveMinimum" if low_excl else "minimum"] = low
+    if high is not None:
+        spec["exclusiveMaximum" if high_excl else "maximum"] = high
+    if multiple is not None:
+        spec["multipleOf"] = multiple
+    step = multiple or (1 if integer else None)
+
+    def ok(x: float) -> bool:
+        return (low is None or (x > low if low_excl else x >= low)) and \
+            (high is None or (x < high if high_excl else x <= high))
+
+    # only ranges that hold a value: a multiple of the step in [-60, 60], or a float gap
+    if step is not None:
+        assume(any(ok(j * step) for j in range(-60 // step - 1, 60 // step + 2)))
+    else:
+        assume((-math.inf if low is None else low) + 0.01 < (math.inf if high is None else high))
+    x = json.loads(schema_value(spec))
+    assert ok(x), x
+    if step is not None:
+        assert isinstance(x, int) == integer and x % step == 0
+
+
+def test_a_pattern_is_built_not_matched() -> None:
+    from topas_agents.server.pattern_fill import pattern_example
+
+    for pattern in ("^ORD-[0-9]{4}$", r"^\d{3}-\w+$", "^(foo|bar)+[^a-z]?$", r"(\w)\1", r"^#(?:[0-9a-fA-F]{3}){1,2}$"):
+        text = pattern_example(pattern, 256)
+        assert text is not None and re.search(pattern, text), pattern
+    # nothing it cannot build safely: a lookahead, a bad regex, too long, nested empty repeats
+    for pattern in ("^(?=x)y", "[", "a{1000}", "(((){250}){250}){250}", "a" * 2000, 7):
+        assert pattern_example(pattern, 256) is None
+    # the placeholder then: a pattern never costs a match against client input (`(a+)+$`)
+    assert json.loads(schema_value({"type": "string", "pattern": "^(?=x)y"})) == "example"
