@@ -230,7 +230,7 @@ class ResponseShape:
 
     def __init__(self, body: Mapping[str, Any], call: Call, model: str) -> None:
         self.call = call
-        self.id = f"resp_{call.rid.rsplit('-', 1)[-1]}"
+        self.id = call.rid
         self.item_id = f"{'fc' if call.tool_call is not None else 'msg'}_{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.model = model
@@ -241,7 +241,9 @@ class ResponseShape:
         return self.call.finish_reason == "length"
 
     def item(self, done: bool) -> dict[str, Any]:
-        call, status = self.call, "completed" if done else "in_progress"
+        # an answer cut at max_output_tokens leaves its item "incomplete", as the response
+        call = self.call
+        status = ("incomplete" if self.incomplete else "completed") if done else "in_progress"
         if call.tool_call is not None:
             return {"type": "function_call", "id": self.item_id, "call_id": call.tool_call.id,
                     "name": call.tool_call.name, "arguments": call.text if done else "", "status": status}

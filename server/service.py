@@ -100,8 +100,11 @@ class SimService:
 
     @staticmethod
     def new_rid(kind: str) -> str:
-        prefix = {"chat": "chatcmpl", "responses": "resp"}.get(kind, "cmpl")
-        return f"{prefix}-{uuid.uuid4().hex[:24]}"
+        # the id the answer carries (OpenAI's forms: chatcmpl-, cmpl-, resp_), so a call's id
+        # finds its stats record; a Responses call's rid was resp-<hex> under the id resp_<hex>
+        if kind == "responses":
+            return f"resp_{uuid.uuid4().hex[:24]}"
+        return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
 
     async def submit(self, rid: str, call: ParsedCall, lab: ResolvedLabel, endpoint: str) -> Call:
         if self.draining:

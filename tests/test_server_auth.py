@@ -127,6 +127,11 @@ def test_serve_reads_the_key_flag_and_env(monkeypatch):
     assert main(["serve", "--api-key", "k1", "--api-key", "k2"]) == 0 and seen.pop("cfg").api_keys == ("k1", "k2")
     monkeypatch.delenv("TOPAS_API_KEY")
     assert main(["serve"]) == 0 and seen.pop("cfg").api_keys == ()
+    # set but empty (`TOPAS_API_KEY=$SECRET` with SECRET unset) served with no authentication
+    for empty in ("", "  "):
+        monkeypatch.setenv("TOPAS_API_KEY", empty)
+        assert main(["serve"]) != 0 and "cfg" not in seen
+        assert main(["serve", "--replicas", "2"]) != 0
     assert serve.add_parser  # the flag lives on `topas serve`
 
 

@@ -55,6 +55,8 @@ def test_a_text_answer_as_a_response_object_labelled_like_a_chat_call(server):
     assert out["topas"]["task_id"] == "resp-1" and out["topas"]["stage"] == "s1"
     calls = httpx.get(f"{server.base_url}/v1/topas/stats", timeout=10).json()["calls"]
     assert [(c["stage"], c["label_source"]) for c in calls if c["task_id"] == "resp-1"] == [("s1", "body")]
+    # the answer's id is its stats record's rid (it was resp_<hex> against resp-<hex>)
+    assert out["id"].startswith("resp_") and [c["rid"] for c in calls if c["task_id"] == "resp-1"] == [out["id"]]
 
 
 def test_image_and_file_parts_are_taken_and_add_no_text(server):
@@ -120,9 +122,12 @@ def test_the_event_stream_builds_the_same_answer(server, tools):
 def test_max_output_tokens_ends_incomplete(server):
     out = _post(server, {"model": "m", "input": "a long answer please", "max_output_tokens": 2}).json()
     assert out["status"] == "incomplete" and out["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert out["output"][0]["status"] == "incomplete"  # the cut item too (it said "completed")
     events = _events(_post(server, {"model": "m", "input": "a long answer", "max_output_tokens": 2,
                                      "stream": True}).text)
     assert events[-1][0] == "response.incomplete"
+    done = [data for kind, data in events if kind == "response.output_item.done"]
+    assert [d["item"]["status"] for d in done] == ["incomplete"]
 
 
 @pytest.mark.parametrize(("body", "param"), [

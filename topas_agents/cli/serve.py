@@ -12,7 +12,7 @@ import importlib
 import os
 
 from ..errors import ConfigError
-from .args import model_name
+from .args import check_api_key, model_name
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -109,8 +109,13 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
     """`--api-key` values, else TOPAS_API_KEY (read here, at the CLI edge, only)."""
     if args.api_key:
         return tuple(args.api_key)
-    env = os.environ.get("TOPAS_API_KEY", "")
-    return (env,) if env else ()
+    env = os.environ.get("TOPAS_API_KEY")
+    if env is None:
+        return ()
+    if not env.strip():  # a deploy script's `TOPAS_API_KEY=$SECRET` with SECRET unset served openly
+        raise ConfigError("TOPAS_API_KEY is set but empty: give it a key, or unset it to serve without "
+                          "authentication")
+    return (check_api_key(env, "TOPAS_API_KEY"),)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if extra and extra[0] == "--":
         extra = extra[1:]
     check_mode_flags(args)
+    _api_keys(args)  # every mode: a cluster's replicas and smg read the same variable
     if args.replicas > 1:  # N replicas behind smg and the Topas front (docs/cluster.md)
         from ..server.cluster.cli import serve_from_args
 
