@@ -53,6 +53,11 @@ class ServerConfig:
     # A responder may echo user text (a [CONTENT] example, say); the text is cut here so one
     # call's token bookkeeping on the engine task stays cheap.
     max_response_chars: int = 256 * 2**10
+    # How long an idle keep-alive connection stays open. Longer than clients keep theirs (httpx
+    # and openai: 5 s, aiohttp: 15 s) and than load balancers' idle timeouts (60 s), so the
+    # client, not the server, closes it: at uvicorn's 5 s both closed together, and a call sent
+    # on a connection the server was closing failed (1 call in 1000, under load).
+    keep_alive_s: float = 75.0
 
     def __post_init__(self) -> None:
         if self.engine not in ("sim", "sglang"):
@@ -65,7 +70,7 @@ class ServerConfig:
             raise ConfigError(f"--kv-budget must be a positive integer, got {self.kv_budget}")
         if self.responder == "replay" and not self.replay_file:
             raise ConfigError("--responder replay needs --replay-file F.jsonl")
-        for name in ("stream_interval_s", "task_idle_timeout_s", "drain_timeout_s"):
+        for name in ("stream_interval_s", "task_idle_timeout_s", "drain_timeout_s", "keep_alive_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{name} must be a number >= 0, got {value}")

@@ -44,6 +44,7 @@ class _DrainingServer(ForcedExitServer):
 def _uvicorn_config(app: Any, config: ServerConfig, **kw: Any) -> uvicorn.Config:
     return uvicorn.Config(app, log_level=config.log_level, access_log=False, lifespan="on",
                           timeout_graceful_shutdown=max(1, int(config.drain_timeout_s) + 1),
+                          timeout_keep_alive=config.keep_alive_s,
                           backlog=_BACKLOG, **kw)
 
 

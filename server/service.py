@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..engine import Engine, RequestFactory
+from ..engine import Engine, OverBudgetError, RequestFactory
 from ..errors import TaskError, TopasError
 from ..labels import BODY_KEY
 from ..policies import close_policy
@@ -186,7 +186,11 @@ class SimService:
             task_arrival_s=arrival if arrival is not None else now)
         try:
             self.engine.submit(req)
-        except TopasError as exc:  # OverBudgetError and friends: the request can never run
+        except OverBudgetError as exc:  # the request can never run: a context-length error, in the
+            # words and code OpenAI-compatible servers use (frameworks trim their context on them)
+            raise ApiError(400, f"maximum context length exceeded: {exc}", self._over_budget_param(call, lab, input_tokens),
+                           code="context_length_exceeded") from None
+        except TopasError as exc:  # a malformed request the engine refused
             raise bad_request(str(exc), self._over_budget_param(call, lab, input_tokens)) from None
         actions = self.tracker.commit_call(lab.task_id, lab.stage, lab.workflow, lab.workflow_name,
                                            not lab.labelled, now, self._wall(), owner=lab.tenant)

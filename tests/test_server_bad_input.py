@@ -228,6 +228,8 @@ def test_an_over_budget_call_names_the_field_that_is_too_big(chat, extra, param)
     body = {"messages": [{"role": "user", "content": "hello"}], **extra}
     err = _error(chat.post("/v1/chat/completions", json=body), 400)
     assert "KV budget" in err["message"] and err["param"] == param
+    # what frameworks recognise a context overflow by (they trim and retry on it)
+    assert err["code"] == "context_length_exceeded" and "maximum context length" in err["message"]
 
 
 def test_tenant_names_unqualifies_only_the_start_of_quoted_names():

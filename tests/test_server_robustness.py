@@ -290,3 +290,23 @@ def _only_cancelled_calls(realtime) -> None:
     count = sum(float(line.split()[-1]) for line in metrics.splitlines()
                 if line.startswith("topas_task_jct_seconds_count"))
     assert count == after["jct"]["count"]
+
+
+def test_an_idle_keep_alive_connection_outlives_the_clients_own_expiry() -> None:
+    # at uvicorn's 5 s the server closed idle connections as httpx's pool (5 s) reused them:
+    # a call sent on a connection being closed failed (1 in 1000 under load)
+    import socket
+    from urllib.parse import urlsplit
+
+    handle = start_server_in_thread(ServerConfig(time_scale=50.0))
+    try:
+        url = urlsplit(handle.base_url)
+        request = f"GET /health HTTP/1.1\r\nHost: {url.hostname}\r\n\r\n".encode()
+        with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+            sock.sendall(request)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+            time.sleep(6.0)  # past httpx's and openai's 5 s pool expiry
+            sock.sendall(request)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        handle.stop()

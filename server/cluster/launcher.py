@@ -24,6 +24,7 @@ import uvicorn
 
 from topas_agents.errors import ConfigError, TopasError
 
+from ..config import ServerConfig
 from ..sglang.config import require_sglang
 from .commands import replica_argv, replica_env, smg_argv, smg_env, smg_version
 from .config import ClusterConfig, GatewaySettings
@@ -191,6 +192,7 @@ def _start_front(config: ClusterConfig) -> tuple[uvicorn.Server, threading.Threa
     # after the drain (drain.py), uvicorn gives what is left (a call without a body yet) this
     # long, then cancels it
     server = DrainingFront(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                                          timeout_keep_alive=ServerConfig().keep_alive_s,  # as a replica's
                                           access_log=False, log_config=None, lifespan="on", backlog=4096,
                                           timeout_graceful_shutdown=_AFTER_DRAIN_S),
                            front.drain, config.drain_timeout_s)
