@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 
 
-def main() -> None:
+def main() -> int:
+    """0 when every task of every policy succeeded, 1 otherwise (as `topas eval`)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workflow", choices=("sop", "tl"), default="sop")
     ap.add_argument("--limit", type=int, default=4, help="first N of the 11 prompts")
@@ -33,11 +35,16 @@ def main() -> None:
                         tasks=len(prompts), time_scale=args.time_scale, root=Path(args.root))
     doc = asyncio.run(evaluate(config, prompts))
     print(format_table(doc))
+    failed = 0
     for policy, entry in doc["policies"].items():
         for r in entry["results"]:
-            status = "ok" if r["success"] else f"FAILED: {r['error']}"
-            print(f"  {policy:<6} {r['task_id']} {r['name']:<20} JCT {r['jct_s'] or 0:7.1f} s  {status}")
+            if r["success"]:
+                print(f"  {policy:<6} {r['task_id']} {r['name']:<20} JCT {r['jct_s']:7.1f} s  ok")
+            else:
+                failed += 1
+                print(f"  {policy:<6} {r['task_id']} {r['name']:<20} FAILED: {r['error']}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

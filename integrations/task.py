@@ -77,8 +77,10 @@ def post_workflow(base_url: str, definition: Mapping[str, Any], api_key: str | N
                       headers=auth_headers(api_key), timeout=timeout_s)
 
 
-def done_url(base_url: str, task_id: str) -> str:
-    return f"{server_root(base_url)}/v1/topas/tasks/{labels.path_segment(task_id)}/done"
+def done_url(base_url: str, task_id: str, failed: bool = False) -> str:
+    """`failed`: the task failed (`?outcome=failed`: the server ends it without a JCT)."""
+    url = f"{server_root(base_url)}/v1/topas/tasks/{labels.path_segment(task_id)}/done"
+    return url + "?outcome=failed" if failed else url
 
 
 def _report(task_id: str, rsp: httpx.Response | None, exc: Exception | None, missing_ok: bool = False) -> bool:
@@ -117,20 +119,22 @@ def _not_found(rsp: httpx.Response) -> str:
     return "the server has no done endpoint (HTTP 404): it is not a Topas server, or not the one the calls went to"
 
 
-def close_task(base_url: str, task_id: str, api_key: str | None = None) -> bool:
-    """POST the task-done call (sync); True if the server accepted it."""
+def close_task(base_url: str, task_id: str, api_key: str | None = None, *, failed: bool = False) -> bool:
+    """POST the task-done call (sync); True if the server accepted it. `failed`: the task
+    failed, and the server counts no JCT for it."""
     try:
-        rsp = httpx.post(done_url(base_url, task_id), headers=auth_headers(api_key), timeout=DONE_TIMEOUT_S)
+        rsp = httpx.post(done_url(base_url, task_id, failed), headers=auth_headers(api_key), timeout=DONE_TIMEOUT_S)
     except httpx.HTTPError as exc:
         return _report(task_id, None, exc)
     return _report(task_id, rsp, None)
 
 
-async def aclose_task(base_url: str, task_id: str, api_key: str | None = None, *, missing_ok: bool = False) -> bool:
+async def aclose_task(base_url: str, task_id: str, api_key: str | None = None, *, missing_ok: bool = False,
+                      failed: bool = False) -> bool:
     """POST the task-done call (async); True if the server accepted it."""
     try:
         async with httpx.AsyncClient(timeout=DONE_TIMEOUT_S) as client:
-            rsp = await client.post(done_url(base_url, task_id), headers=auth_headers(api_key))
+            rsp = await client.post(done_url(base_url, task_id, failed), headers=auth_headers(api_key))
     except httpx.HTTPError as exc:
         return _report(task_id, None, exc)
     return _report(task_id, rsp, None, missing_ok)
@@ -215,7 +219,8 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
         finally:  # the done call goes out whatever the label scope's exit does
             if self.handle.base_url is not None:
                 self._closed = True
-                close_task(self.handle.base_url, self.handle.task_id, self._done_key())
+                # a block left by an exception (an error, Ctrl-C) is a failed task: no JCT
+                close_task(self.handle.base_url, self.handle.task_id, self._done_key(), failed=et is not None)
 
     async def __aenter__(self) -> TaskHandle:
         return self._enter()
@@ -227,5 +232,5 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
         finally:
             if self.handle.base_url is not None:
                 self._closed = True
-                await aclose_task(self.handle.base_url, self.handle.task_id, self._done_key())
+                await aclose_task(self.handle.base_url, self.handle.task_id, self._done_key(), failed=et is not None)
 

@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote_to_bytes
 
 from fastapi import FastAPI, Request
@@ -341,12 +341,26 @@ def _add_topas_routes(app: FastAPI, svc: SimService, fits: Callable[[Workflow], 
     @app.post("/v1/topas/tasks/{target:path}")
     async def done(request: Request, target: str) -> dict[str, Any]:
         task_id, stage = done_target(request.scope.get("raw_path"), target)
+        outcome = done_outcome(request.query_params.get("outcome"), stage)
         if stage is None:
-            return await svc.task_done(task_id, _tenant(request))
+            return await svc.task_done(task_id, _tenant(request), failed=outcome == "failed")
         return await svc.stage_done(task_id, stage, _tenant(request))
 
 
 _DONE_PREFIX = b"/v1/topas/tasks/"
+DoneOutcome = Literal["ok", "failed"]
+
+
+def done_outcome(value: str | None, stage: str | None) -> DoneOutcome:
+    """A task's done call may say how the task ended: `?outcome=ok` (the default) or
+    `?outcome=failed` (no JCT: a run that raised or was interrupted is no finished task)."""
+    if value is None or value == "ok":
+        return "ok"
+    if value != "failed":
+        raise bad_request(f"outcome must be 'ok' or 'failed', got {value[:100]!r}", "outcome")
+    if stage is not None:
+        raise bad_request("outcome applies to a task's done call, not to a stage's", "outcome")
+    return "failed"
 
 
 def done_target(raw_path: bytes | None, decoded: str) -> tuple[str, str | None]:

@@ -122,9 +122,10 @@ class SimService:
         with tenant_names(tenant):
             return await self.loop.call(lambda: self._explicit(qualify(tenant, task_id), stage, tenant))
 
-    async def task_done(self, task_id: str, tenant: str | None = None) -> dict[str, Any]:
+    async def task_done(self, task_id: str, tenant: str | None = None, failed: bool = False) -> dict[str, Any]:
+        """`failed`: the client says the task failed (it ends with no JCT, `tasks.failed`)."""
         with tenant_names(tenant):
-            return await self.loop.call(lambda: self._explicit(qualify(tenant, task_id), None, tenant))
+            return await self.loop.call(lambda: self._explicit(qualify(tenant, task_id), None, tenant, failed))
 
     async def in_engine(self, fn: Callable[[], Any]) -> Any:
         """Run `fn()` inside the engine task (stats, metrics)."""
@@ -242,11 +243,11 @@ class SimService:
             c.fail(err)
             self._end(c, status, self.engine.now)
 
-    def _explicit(self, task_id: str, stage: str | None, tenant: str | None) -> dict[str, Any]:
+    def _explicit(self, task_id: str, stage: str | None, tenant: str | None, failed: bool = False) -> dict[str, Any]:
         now, wall = self.engine.now, self._wall()
         try:
             if stage is None:
-                actions = self.tracker.task_done(task_id, now, wall)
+                actions = self.tracker.task_done(task_id, now, wall, failed)
             else:
                 actions = self.tracker.stage_done(task_id, stage, now, wall)
         except TaskError as exc:

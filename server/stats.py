@@ -217,6 +217,7 @@ def build_stats(svc: SimService, max_calls: int | None = None, tenant: Tenant = 
             "active": len(t.active),
             "done": t.jct_count,
             "abandoned": t.abandoned,
+            "failed": t.failed,
             "items": [task_json(x, tenant) for x in list(t.active.values()) + list(t.finished.values())
                       if owned_by(tenant, x.task_id)] if rows else _ROWS_MARK + "tasks",
         },

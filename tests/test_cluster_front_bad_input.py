@@ -229,8 +229,8 @@ def test_replica_up_metric():
 # ------------------------------------------------------------------ 7. dot segments in done paths
 
 def test_done_path_accepts_only_the_two_shapes_and_escapes_dot_segments():
-    assert done_path(b"/v1/topas/tasks/repo%2F7/done") == ("/v1/topas/tasks/repo%2F7/done", "repo/7")
-    assert done_path(b"/v1/topas/tasks/a.b/stages/s%201/done?x=1") == ("/v1/topas/tasks/a.b/stages/s%201/done", "a.b")
+    assert done_path(b"/v1/topas/tasks/repo%2F7/done") == ("/v1/topas/tasks/repo%2F7/done", "repo/7", None)
+    assert done_path(b"/v1/topas/tasks/a.b/stages/s%201/done?x=1") == ("/v1/topas/tasks/a.b/stages/s%201/done", "a.b", "s 1")
     assert done_path(b"/v1/topas/tasks/./done")[0] == "/v1/topas/tasks/%2E/done"
     assert done_path(b"/v1/topas/tasks/%2E%2E/stages/../done")[0] == "/v1/topas/tasks/%2E%2E/stages/%2E%2E/done"
     for bad in (b"/v1/topas/tasks/../../chat/completions", b"/v1/topas/tasks/t/finish", b"/v1/topas/tasks//done",

@@ -292,7 +292,12 @@ def test_front_forwards_a_done_call_on_its_raw_path():
     with TestClient(app) as client:
         assert client.post("/v1/topas/tasks/repo%2F7/stages/s%2F1/done").status_code == 200
         assert client.post("/v1/topas/tasks/repo%2F7/done").status_code == 200
-    assert paths == [b"/v1/topas/tasks/repo%2F7/stages/s%2F1/done"] * 2 + [b"/v1/topas/tasks/repo%2F7/done"] * 2
+        # a failed task's outcome reaches the owner (the front dropped the query: a JCT)
+        assert client.post("/v1/topas/tasks/repo%2F7/done?outcome=failed").status_code == 200
+        r = client.post("/v1/topas/tasks/repo%2F7/done?outcome=maybe")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "outcome"
+    assert paths == [b"/v1/topas/tasks/repo%2F7/stages/s%2F1/done"] * 2 + [b"/v1/topas/tasks/repo%2F7/done"] * 2 + \
+        [b"/v1/topas/tasks/repo%2F7/done?outcome=failed"] * 2
 
 
 def test_merge_metrics_groups_families():

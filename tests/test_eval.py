@@ -148,9 +148,12 @@ def test_eval_exits_1_when_a_task_fails(tmp_path, capsys):
 
     with embedded_server(responder="lorem", time_scale=400) as handle:  # replies MetaGPT cannot parse
         rc = main(["eval", "softwaredev", "--rate", "1", "--limit", "1", "--server", handle.url, "--root",
-                   str(tmp_path), "--parse-retries", "1", "--no-progress"])
+                   str(tmp_path), "--parse-retries", "1", "--no-progress", "--json", str(tmp_path / "e.json")])
     captured = capsys.readouterr()
     assert rc == 1 and "1 task(s) failed" in captured.err
+    # a failed task has no JCT anywhere in the JSON (its row had the client's span as one)
+    (row,) = json.loads((tmp_path / "e.json").read_text())["policies"]["external"]["results"]
+    assert not row["success"] and row["jct_s"] is None
     assert captured.out.splitlines()[2].split()[:3] == ["external", "1", "0"]  # policy, tasks, ok
     # which task and why, without a rerun with --json (it said only "see --json for errors")
     (line,) = [x for x in captured.err.splitlines() if x.startswith("FAILED ")]

@@ -105,8 +105,10 @@ def test_metagpt_config_swap_without_a_server_says_how_to_start_one(monkeypatch,
 @pytest.mark.metagpt
 @needs_metagpt
 def test_softwaredev_eval(monkeypatch, capsys, tmp_path):
-    _run(monkeypatch, "softwaredev_eval.py", "--workflow", "tl", "--limit", "1", "--policies", "fcfs,topas",
-         "--time-scale", "400", "--root", str(tmp_path))
+    with pytest.raises(SystemExit) as exc:  # its status says whether every task succeeded (it was always 0)
+        _run(monkeypatch, "softwaredev_eval.py", "--workflow", "tl", "--limit", "1", "--policies", "fcfs,topas",
+             "--time-scale", "400", "--root", str(tmp_path))
+    assert exc.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("policy") and out.count(" ok") >= 2 and "FAILED" not in out
 

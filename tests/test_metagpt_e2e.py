@@ -108,6 +108,8 @@ async def test_garbage_replies_fail_the_task_and_it_is_reported(mg, tmp_path):
     assert "Team.run returned None" in r.error and "JSONDecodeError" in r.error
     assert r.stages == ("write_prd",)
     assert r.server["done"]  # the server was told the task is over
+    # ... and that it failed: no JCT (it was counted as a finished, short task)
+    assert (r.server["done_reason"], r.jct_s) == ("failed", None)
 
 
 async def test_running_out_of_rounds_is_a_failure(mg, tmp_path):

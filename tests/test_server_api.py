@@ -268,6 +268,32 @@ def test_explicit_stage_and_task_done(server, client) -> None:
                                        extra_body={"topas": lab})
 
 
+def test_a_task_the_client_says_failed_ends_without_a_jct(server, client) -> None:
+    from topas_agents import task
+
+    base = f"{server.base_url}/v1/topas/tasks"
+    before = httpx.get(f"{server.base_url}/v1/topas/stats").json()
+    # a `task()` block left by an exception sends ?outcome=failed (it sent a plain done: a JCT)
+    with pytest.raises(RuntimeError), task("fail-1", base_url=server.url):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       extra_body={"topas": {"task_id": "fail-1", "stage": "think", "agent": "solo"}})
+        raise RuntimeError("the agent crashed")
+    stats = httpx.get(f"{server.base_url}/v1/topas/stats").json()
+    item = next(t for t in stats["tasks"]["items"] if t["task_id"] == "fail-1")
+    assert (item["done_reason"], item["jct_s"]) == ("failed", None)
+    assert stats["tasks"]["failed"] == before["tasks"]["failed"] + 1
+    assert stats["jct"]["count"] == before["jct"]["count"]
+    # a clean block still sends a plain done
+    with task("fine-1", base_url=server.url):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       extra_body={"topas": {"task_id": "fine-1", "stage": "think", "agent": "solo"}})
+    assert httpx.post(f"{base}/fine-1/done").json()["done_reason"] == "explicit"
+    r = httpx.post(f"{base}/fine-1/done", params={"outcome": "maybe"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "outcome"
+    r = httpx.post(f"{base}/fine-1/stages/think/done", params={"outcome": "failed"})
+    assert r.status_code == 400 and "not to a stage" in r.json()["error"]["message"]
+
+
 _SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? '
                      r'(NaN|[+-]Inf|-?[0-9.]+(e[+-]?[0-9]+)?)$')
 

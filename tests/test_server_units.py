@@ -322,6 +322,35 @@ def test_unlabelled_call_is_a_single_stage_task_and_inferred_tasks_reopen() -> N
     assert all(isinstance(e.value, TopasError) for e in (mismatch, unknown, no_stage))  # core errors, not HTTP
 
 
+def test_a_task_the_client_says_failed_has_no_jct() -> None:
+    # a MetaGPT run that raised sent its done call like a finished one: a short JCT
+    wf = load_workflow("chain3")
+    tr = _tracker()
+    tr.commit_call("f", "s1", wf, "chain3", False, 0.0, 0.0)
+    tr.end_call("f", "s1", True, 1.0, 1.0)
+    tr.commit_call("f", "s2", wf, "chain3", False, 1.0, 1.0)
+    assert tr.task_done("f", 1.5, 1.5, failed=True) == []  # s2 in flight: ends when it does
+    assert tr.end_call("f", "s2", False, 2.0, 2.0)[-1] == TaskDoneAction("f")
+    task = tr.finished["f"]
+    assert (task.done_reason, task.jct_s, tr.failed, tr.jct_count, tr.abandoned) == ("failed", None, 1, 0, 0)
+    assert tr.task_done("f", 3.0, 3.0) == [] and task.done_reason == "failed"  # a later plain done: still failed
+    # concluded by inference first (every stage ran), then failed in the client: its JCT is taken back
+    for s in ("s1", "s2", "s3"):
+        tr.commit_call("g", s, wf, "chain3", False, 0.0, 0.0)
+        tr.end_call("g", s, True, 4.0, 4.0)
+    assert tr.finished["g"].done_reason == "workflow" and tr.jct_count == 1
+    tr.task_done("g", 5.0, 5.0, failed=True)
+    assert (tr.finished["g"].done_reason, tr.finished["g"].jct_s, tr.jct_count, tr.jct_sum, tr.failed) == (
+        "failed", None, 0, 0.0, 2)
+    assert [c.task_id for c in tr.jcts] == []
+    # a task that never had a finished call stays abandoned, whatever the done call says
+    tr.commit_call("h", "s1", wf, "chain3", False, 0.0, 0.0)
+    tr.end_call("h", "s1", False, 1.0, 1.0)
+    tr.expire_idle(30.0, 30.0)
+    tr.task_done("h", 31.0, 31.0, failed=True)
+    assert (tr.finished["h"].done_reason, tr.abandoned, tr.failed) == ("abandoned", 1, 2)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from(["s_a", "s_b", "s_c", "s_d"]), min_size=1, max_size=12), st.randoms())
 def test_called_stages_ancestors_are_always_done(stages: list[str], rnd: random.Random) -> None:

@@ -28,8 +28,11 @@ from .workflow import Workflow
 
 # "abandoned": it ended without one call that finished (every call cancelled or failed: a
 # client that gave up). Its span is no JCT: counting it made timeouts under overload read as
-# short tasks.
-DoneReason = Literal["explicit", "workflow", "single", "idle", "abandoned"]
+# short tasks. "failed": the client's done call said the task failed (`?outcome=failed`: a
+# MetaGPT run that raised, a `task()` scope left by an exception). No JCT either: a failed
+# or interrupted run was counted as a finished, short task.
+DoneReason = Literal["explicit", "workflow", "single", "idle", "abandoned", "failed"]
+NO_JCT: frozenset[DoneReason] = frozenset({"abandoned", "failed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +77,17 @@ class TaskState:
     in_flight: int = 0
     last_finish_s: float | None = None
     closing: bool = False  # explicit task done, waiting for in-flight calls
+    failed: bool = False  # the done call said the task failed
     done_reason: DoneReason | None = None
     finish_s: float | None = None
     reopened: int = 0
 
     @property
     def jct_s(self) -> float | None:
-        return None if self.finish_s is None else self.finish_s - self.arrival_s
+        """None until it concludes, and for a task that ended without a JCT (NO_JCT)."""
+        if self.finish_s is None or self.done_reason in NO_JCT:
+            return None
+        return self.finish_s - self.arrival_s
 
     def stage(self, name: str) -> StageState:
         if name not in self.stages:
@@ -125,6 +132,7 @@ class TaskTracker:
         self.on_conclude: Callable[[TaskState], None] | None = None
         self.reopens_total = 0
         self.abandoned = 0  # tasks that ended "abandoned" since the start (no JCT), less reopened ones
+        self.failed = 0  # tasks whose done call said they failed (no JCT)
 
     # ------------------------------------------------------------------ calls
 
@@ -160,8 +168,8 @@ class TaskTracker:
         task = self.active.get(task_id)
         if task is None:
             task = self.finished.pop(task_id, None)
-            if task is not None and task.done_reason == "abandoned":  # never counted as a JCT
-                self.abandoned -= 1
+            if task is not None and task.done_reason in NO_JCT:  # never counted as a JCT
+                self._uncount(task.done_reason)
             elif task is not None:  # concluded by inference or idleness, but not done after all
                 self.jct_count -= 1
                 self.jct_sum -= task.jct_s or 0.0
@@ -169,6 +177,7 @@ class TaskTracker:
                 self.reopens_total += 1
             if task is not None:
                 task.done_reason, task.finish_s, task.reopened = None, None, task.reopened + 1
+                task.failed = False
             else:
                 task = TaskState(task_id, workflow, workflow_name, now_s, unlabelled, now_wall)
             self.active[task_id] = task
@@ -186,6 +195,12 @@ class TaskTracker:
         task.in_flight += 1
         task.last_activity_wall = now_wall
         return actions
+
+    def _uncount(self, reason: DoneReason) -> None:
+        if reason == "abandoned":
+            self.abandoned -= 1
+        elif reason == "failed":
+            self.failed -= 1
 
     def _forget_jct(self, task_id: str) -> None:
         """Take a reopened task's JCT out of the recent ones (the percentiles), as out of the
@@ -239,12 +254,23 @@ class TaskTracker:
         actions += self._close_stage(task, stage)
         return actions + self._maybe_finish(task, now_s)
 
-    def task_done(self, task_id: str, now_s: float, now_wall: float) -> list[Action]:
+    def task_done(self, task_id: str, now_s: float, now_wall: float, failed: bool = False) -> list[Action]:
+        """The client says the task is over; `failed`: it failed (no JCT, counted in `failed`)."""
         task = self._known(task_id)
         if task.task_id not in self.active:
+            if task.done_reason in NO_JCT:
+                return []  # already without a JCT
+            if failed:  # concluded by inference, then failed in the client: take its JCT back
+                self.jct_count -= 1
+                self.jct_sum -= task.jct_s or 0.0
+                self._forget_jct(task_id)
+                task.done_reason, task.failed = "failed", True
+                self.failed += 1
+                return []
             task.done_reason = "explicit"  # no reopening after the client said done
             return []
         task.closing = True
+        task.failed = task.failed or failed
         task.last_activity_wall = now_wall
         return self._maybe_finish(task, now_s)
 
@@ -274,7 +300,7 @@ class TaskTracker:
         if task.in_flight > 0:
             return []
         if task.closing:
-            return self._conclude(task, "explicit", now_s)
+            return self._conclude(task, "failed" if task.failed else "explicit", now_s)
         wf = task.workflow
         if wf is not None and all(task.stage(s.name).done for s in wf.stages):
             return self._conclude(task, "workflow", now_s)
@@ -289,15 +315,18 @@ class TaskTracker:
             if not st.done and st.calls > 0:
                 actions.append(StageDoneAction(task.task_id, name))
             st.done, st.closing = True, False
-        if not any(st.finished for st in task.stages.values()):
+        if reason != "failed" and not any(st.finished for st in task.stages.values()):
             reason = "abandoned"
         task.done_reason, task.finish_s, task.closing = reason, finish_s, False
         del self.active[task.task_id]
         self.finished[task.task_id] = task
         while len(self.finished) > self._max_history:
             self.finished.popitem(last=False)
-        if reason == "abandoned":
-            self.abandoned += 1
+        if reason in NO_JCT:
+            if reason == "abandoned":
+                self.abandoned += 1
+            else:
+                self.failed += 1
             return actions + [TaskDoneAction(task.task_id)]
         self.jcts.append(ConcludedJct(task.task_id, finish_s - task.arrival_s))
         self.jct_count += 1

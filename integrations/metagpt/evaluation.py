@@ -2,7 +2,9 @@
 per task, against the embedded simulator once per policy (or one external server).
 
 Rate units: tasks per simulated second on the embedded server (arrival offsets are divided
-by `time_scale` to get wall time), tasks per wall second against `--server`. JCT is the
+by `time_scale` to get wall time); against `--server`, tasks per second of that server's clock
+(simulated seconds on a simulated server, which reports its time scale; wall seconds on a real
+engine), so a rate means the same load embedded or not. JCT is the
 server's (`/v1/topas/stats`; simulated seconds on a simulated engine, embedded or not) when
 it reports one, else the client's (first call submitted -> last call done, recorder clock).
 Per policy, `jcts_s` lists every task's JCT in task order (null: the task failed), so a CDF
@@ -54,7 +56,7 @@ EXTERNAL = "external"
 @dataclass(frozen=True, slots=True)
 class EvalConfig:
     workflow: WorkflowKind = "sop"
-    rate: float = 0.02  # tasks per simulated second (embedded) / wall second (--server)
+    rate: float = 0.02  # tasks per second of the server's clock (simulated on a simulated server)
     policies: tuple[str, ...] = ("fcfs", "topas")
     tasks: int = 11  # prompts are cycled when more tasks than prompts
     server: str | None = None  # external OpenAI base URL; None: embedded simulator per policy
@@ -137,8 +139,8 @@ async def _run_policy(policy: str, url: str, config: EvalConfig, specs: list[Tas
                               on_done=on_done)
     results = attach_server_view(results, fetch_stats(url, api_key=key))
     fixed = []
-    for r in results:  # no server JCT (external server without stats): the client's
-        if r.jct_s is None:
+    for r in results:  # no server JCT (external server without stats): the client's; a failed
+        if r.jct_s is None and r.success:  # task has none (its span was counted as a short task)
             r = dataclasses.replace(r, jct_s=client_jct(recorder.for_task(r.task_id)))
         fixed.append(r)
     return fixed, recorder

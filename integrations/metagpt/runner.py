@@ -203,11 +203,14 @@ async def run_task(spec: TaskSpec, options: RunOptions, recorder: CallRecorder |
                                    client_max_retries=options.client_max_retries)
         t = _build_team(options, ctx, stage_map(wf), lambda: TopasOpenAILLM(ctx.config.llm, provider, recorder))
         t0 = time.monotonic()
-        error = await _run_team(t, spec, options, wf)
+        try:
+            error = await _run_team(t, spec, options, wf)
+        except BaseException:  # interrupted (Ctrl-C, cancelled): the server ends it as failed
+            await _notify_done(options, spec, failed=True)
+            raise
         wall = time.monotonic() - t0
-    if options.notify_server:
-        # a 404 is expected: --server may be plain SGLang/vLLM, which has no done endpoint
-        await aclose_task(options.base_url, spec.task_id, options.api_key, missing_ok=True)
+    # a failed run is a failed task on the server too: before, its done call gave it a JCT
+    await _notify_done(options, spec, failed=error is not None)
     calls = recorder.for_task(spec.task_id)
     per_stage = Counter(r.stage for r in calls)
     prefix: dict[str, int] = {}
@@ -219,6 +222,12 @@ async def run_task(spec: TaskSpec, options: RunOptions, recorder: CallRecorder |
         prefix_tokens=prefix, unmatched_prompts=sum(r.template is None for r in calls),
         client_gaps_s=round(client_gaps(calls), 3),
         artifacts=str(artifacts_dir(ctx)), wall_s=round(wall, 3))
+
+
+async def _notify_done(options: RunOptions, spec: TaskSpec, failed: bool) -> None:
+    if options.notify_server:
+        # a 404 is expected: --server may be plain SGLang/vLLM, which has no done endpoint
+        await aclose_task(options.base_url, spec.task_id, options.api_key, missing_ok=True, failed=failed)
 
 
 def client_gaps(calls: Sequence[CallRecord]) -> float:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from topas_agents.percentile import percentile_or_none
+from topas_agents.task_tracker import NO_JCT
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +77,15 @@ def merge_tasks(per_replica: Sequence[ReplicaTasks]) -> dict[str, dict[str, Any]
             m["done"] = m["done"] and bool(item.get("done"))
             if len(m["replicas"]) > 1:  # the first replica's fields are already in the copy
                 m["in_flight"] = int(m.get("in_flight") or 0) + int(item.get("in_flight") or 0)
-                m["done_reason"] = m.get("done_reason") or item.get("done_reason")
+                # a part that failed fails the task; else the first part's reason
+                reasons = (m.get("done_reason"), item.get("done_reason"))
+                m["done_reason"] = "failed" if "failed" in reasons else reasons[0] or reasons[1]
             for name, stage in (item.get("stages") or {}).items():
                 _merge_stage(m["stages"].setdefault(name, {}), stage)
             m["calls"] += sum(int(st.get("calls", 0)) for st in (item.get("stages") or {}).values())
     for m in merged.values():
         done = m["done"] and m["finish_s"] is not None and m["arrival_s"] is not None
-        m["jct_s"] = m["finish_s"] - m["arrival_s"] if done else None
+        m["jct_s"] = m["finish_s"] - m["arrival_s"] if done and m.get("done_reason") not in NO_JCT else None
         if not m["done"]:
             m["done_reason"] = None
     return merged
@@ -124,7 +127,7 @@ def common_server(bodies: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def _jct(tasks: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     jcts = sorted(t["finish_s"] - t["arrival_s"] for t in tasks.values()
                   if t["done"] and t["finish_s"] is not None and t["arrival_s"] is not None
-                  and t.get("done_reason") != "abandoned")  # no call finished: no JCT
+                  and t.get("done_reason") not in NO_JCT)  # no call finished, or failed: no JCT
     return {"count": len(jcts), "mean_s": sum(jcts) / len(jcts) if jcts else None,
             "p50_s": _quantile(jcts, 0.5), "p90_s": _quantile(jcts, 0.9), "p99_s": _quantile(jcts, 0.99)}
 

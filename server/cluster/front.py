@@ -32,6 +32,7 @@ from starlette.routing import Route
 
 from topas_agents.labels import MAX_LABEL_CHARS
 from topas_agents.server.api_errors import ApiError, bad_request, shutting_down
+from topas_agents.server.app import done_outcome
 from topas_agents.server.bodies import CLIENT_GONE, done_before_client_left, parse_json_body, read_body
 from topas_agents.server.tenancy import EXEMPT_PATHS, authenticate_scope, tenant_ids
 
@@ -311,9 +312,12 @@ class Front:
 
     async def done(self, request: Request) -> JSONResponse:
         raw_path = request.scope.get("raw_path")  # keeps a task id's percent-escapes as sent
-        path, task_id = done_path(raw_path or request.url.path.encode("utf-8", "surrogateescape"))
+        target = done_path(raw_path or request.url.path.encode("utf-8", "surrogateescape"))
+        path, task_id = target.path, target.task_id
         if len(task_id) > MAX_LABEL_CHARS:  # no replica has it (and 70000 characters overflowed httpx's URL limit)
             raise ApiError(404, f"unknown task '{task_id[:300]}'", "task_id")  # a replica's words
+        if done_outcome(request.query_params.get("outcome"), target.stage) == "failed":
+            path += "?outcome=failed"  # the owner ends it without a JCT
         status, body = pick_owner_answer(await self.fan_out(request, "POST", path))
         return JSONResponse(body, status_code=status)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from topas_agents.errors import LabelError
 from topas_agents.labels import (
@@ -93,8 +93,16 @@ def route_key(label: Any, policy: str) -> str | None:
     return value
 
 
-def done_path(raw_path: bytes) -> tuple[str, str]:
-    """(replica path, task id) of `POST /v1/topas/tasks/{task}/done` or `.../{task}/stages/
+class DonePath(NamedTuple):
+    """A done call's path as the replicas get it, and the task (and stage) it names."""
+
+    path: str
+    task_id: str
+    stage: str | None = None
+
+
+def done_path(raw_path: bytes) -> DonePath:
+    """The replica path and the task id (and stage) of `POST /v1/topas/tasks/{task}/done` or `.../{task}/stages/
     {stage}/done`, split on the raw path as a replica splits it (server/app.py `done_target`)
     and rebuilt from the parsed parts, each re-escaped: a raw `..` would otherwise be resolved
     by httpx (`tasks/../../chat/completions` reached the replicas' chat endpoint), and an id
@@ -103,10 +111,12 @@ def done_path(raw_path: bytes) -> tuple[str, str]:
     parts = rest[len(_DONE_PREFIX):].split(b"/") if rest.startswith(_DONE_PREFIX) else []
     raw = [urllib.parse.unquote_to_bytes(p) for p in parts]
     text = [p.decode("utf-8", "replace") for p in raw]
+    stage = None
     if len(raw) == 2 and text[1] == "done" and text[0]:
         segments = [path_segment(raw[0]), "done"]
     elif len(raw) == 4 and text[1] == "stages" and text[3] == "done" and text[0] and text[2]:
         segments = [path_segment(raw[0]), "stages", path_segment(raw[2]), "done"]
+        stage = text[2]
     else:
         raise ApiError(404, "Not Found")
-    return _DONE_PREFIX.decode() + "/".join(segments), text[0]
+    return DonePath(_DONE_PREFIX.decode() + "/".join(segments), text[0], stage)

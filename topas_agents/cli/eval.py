@@ -6,7 +6,8 @@
 
 Each policy gets a fresh embedded simulator (echo responder; --rate in tasks per simulated
 second) and the same arrival times; with --server the one external server is measured
-(its policy is whatever it runs; --rate in tasks per wall second). Prints a mean/p99 JCT
+(its policy is whatever it runs; --rate in tasks per second of its clock: simulated seconds on
+a simulated server, wall seconds on a real engine). Prints a mean/p99 JCT
 table (failed tasks are counted and excluded from JCT) and writes --json (with every task's
 JCT per policy, `jcts_s`); --plot DIR draws DIR/jct_cdf.png (per-task JCT CDF, one line per
 policy) and DIR/jct_summary.png (mean and p99 JCT per policy). Exit status 1 if any task
