@@ -215,6 +215,16 @@ def test_output_checks_create_no_folder(tmp_path):
     (tmp_path / "dir.json").mkdir()
     with pytest.raises(ConfigError, match="is a directory"):
         check_output("--json", tmp_path / "dir.json")
+    # tried, not read from the mode bits: as root both passed, and the write failed after the run
+    with pytest.raises(ConfigError, match="cannot write"):
+        check_output("--json", "/proc/no-such-dir/e.json")
+    for long_name in ("a" * 300 + ".json", "b" * 300 + "/e.json"):  # a traceback, then after the run
+        with pytest.raises(ConfigError, match="too long"):
+            check_output("--json", tmp_path / long_name)
+    (tmp_path / "kept.json").write_text("old")
+    check_output("--json", tmp_path / "kept.json")
+    assert (tmp_path / "kept.json").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.json", "f", "kept.json"]  # no probe left
 
 
 def test_suite_failed_before_writing_leaves_no_worst_dir(tmp_path, capsys):

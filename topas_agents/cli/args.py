@@ -4,10 +4,12 @@ and the `--json OUT` writer."""
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -109,14 +111,21 @@ def write_json(path: str, data: Any) -> None:
 
 def check_output(flag: str, path: str | Path | None, kind: Literal["file", "dir"] = "file") -> None:
     """Fail before a run that can take hours, not after it: ConfigError unless `path` (a file,
-    or a directory a command writes into) can be written. Creates nothing: the writers create
-    missing folders when they write, so a run that fails before writing leaves no empty folder
-    behind; a missing folder passes when its nearest existing ancestor is a writable directory."""
+    or a directory a command writes into) can be written. Leaves nothing behind: the writers
+    create missing folders when they write, so a run that fails before writing leaves no empty
+    folder; a missing folder passes when a folder can be made in its nearest existing ancestor."""
     if path is None:
         return
     if not str(path).strip():
         raise ConfigError(f"{flag}: empty path")
-    out = Path(path)
+    try:
+        _check_writable(flag, Path(path), kind)
+    except OSError as exc:  # a name too long even to stat, a loop of links, ...
+        raise ConfigError(f"{flag} {path}: cannot write: {exc.strerror or exc}") from None
+
+
+def _check_writable(flag: str, out: Path, kind: Literal["file", "dir"]) -> None:
+    path = out
     folder = out if kind == "dir" else out.parent
     blocker = next((a for a in (folder, *folder.parents) if a.exists() and not a.is_dir()), None)
     if blocker is not None:
@@ -127,6 +136,24 @@ def check_output(flag: str, path: str | Path | None, kind: Literal["file", "dir"
     # creating a folder inside `existing` needs write and search permission on it
     if not os.access(existing, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise ConfigError(f"{flag} {path}: cannot write: permission denied")
+    missing = [a.name for a in (folder, *folder.parents) if a != existing and not a.exists()]
+    if kind == "file":
+        missing.append(out.name)
+    _try_writing(existing, out if kind == "file" and out.exists() else None, missing)
+
+
+def _try_writing(existing: Path, file: Path | None, new_names: Sequence[str]) -> None:
+    """Write access tried, not read from the mode bits: as root `os.access` says yes even to
+    /proc, and a 300-character name passed it too; both failed after the run, losing its
+    output. Leaves nothing: an existing file is opened for appending and closed, a probe
+    folder is made in `existing` and removed."""
+    name_max = os.pathconf(existing, "PC_NAME_MAX")
+    if any(len(os.fsencode(name)) > name_max for name in new_names):
+        raise OSError(errno.ENAMETOOLONG, f"a file or folder name is longer than {name_max} bytes")
+    if file is not None:
+        with open(file, "ab"):
+            return
+    os.rmdir(tempfile.mkdtemp(prefix=".topas-write-probe-", dir=existing))
 
 
 def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> frozenset[str]:
