@@ -116,7 +116,9 @@ def _not_found(rsp: httpx.Response) -> str:
     if isinstance(message, str) and message.startswith("unknown task"):
         return (f"the server has no such task ({message[:200]}): none of its calls was accepted there "
                 "(each was refused, or went to another server)")
-    return "the server has no done endpoint (HTTP 404): it is not a Topas server, or not the one the calls went to"
+    return ("the server has no done endpoint (HTTP 404): it is not the embedded Topas server or a Topas cluster's "
+            "front (an SGLang server with the Topas plugin has none: its tasks end by their workflow or after the "
+            "idle timeout), or not the one the calls went to")
 
 
 def close_task(base_url: str, task_id: str, api_key: str | None = None, *, failed: bool = False) -> bool:

@@ -143,7 +143,7 @@ def test_a_closed_task_scope_cannot_be_entered_again(monkeypatch) -> None:
 
 @pytest.mark.parametrize(("status", "body", "says"), [
     (404, {"error": {"message": "unknown task 'F1'", "type": "invalid_request_error"}}, "none of its calls was accepted"),
-    (404, {"detail": "Not Found"}, "not a Topas server"),
+    (404, {"detail": "Not Found"}, "an SGLang server with the Topas plugin has none"),
 ])
 def test_a_done_call_that_finds_nothing_says_why(caplog, status: int, body: dict, says: str) -> None:
     rsp = httpx.Response(status, json=body, request=httpx.Request("POST", "http://x/v1/topas/tasks/F1/done"))

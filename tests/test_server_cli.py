@@ -167,3 +167,23 @@ def test_sglang_launcher_checks_the_decision_log_before_starting(tmp_path) -> No
         launch.build_config(args, {})
     args.decision_log = str(tmp_path / "logs" / "d.jsonl")
     assert launch.build_config(args, {}).decision_log == args.decision_log
+
+
+@pytest.mark.parametrize(("kv_budget", "extra"), [(4000, ()), (None, ("--max-total-tokens", "4000")),
+                                                   (None, ("--max-total-tokens=4000",))])
+def test_sglang_launcher_refuses_a_workflow_that_cannot_fit_its_known_budget(kv_budget, extra) -> None:
+    # --engine sim refuses it at start; SGLang served it, and every forecast of the guard was NaN
+    import argparse
+
+    from topas_agents.errors import ConfigError
+    from topas_agents.server.sglang import launch
+
+    args = argparse.Namespace(policy="topas", policy_opt=[], profile=None, workflow=["chain3"], kv_budget=kv_budget,
+                              task_idle_timeout=300.0, decision_log=None)
+    config = launch.build_config(args, {})
+    with pytest.raises(ConfigError, match="cannot hold stage 's1' of workflow 'chain3'"):
+        launch.check_workflows_fit(config, ["--model-path", "m", *extra])
+    # a pool big enough passes, and one sized from GPU memory at start-up is unknown here
+    args.kv_budget = None
+    launch.check_workflows_fit(launch.build_config(args, {}), ["--model-path", "m", "--max-total-tokens", "16000"])
+    launch.check_workflows_fit(launch.build_config(args, {}), ["--model-path", "m"])

@@ -216,21 +216,45 @@ def test_lpm_keeps_prefix_order_with_200_waiting() -> None:
     assert ours == sorted(ours)
 
 
-def test_policy_failure_admits_nothing_and_is_logged(tmp_path: Any) -> None:
-    world, policy = World(), ScriptedPolicy(Decision(admit=("nope",)))
+def test_a_failing_policy_leaves_sglang_scheduling_on_its_own_until_it_is_asked_again(tmp_path: Any) -> None:
+    # before: it admitted nothing (every call hung), and an unconsumed stage-done event re-ran
+    # the failing policy at every scheduler pass (thousands of errors a second)
+    world, clock = World(), Clock()
+    policy = ScriptedPolicy()
+    policy.fn = lambda snap: Decision(admit=("nope",))  # not waiting: the check refuses it
     log = tmp_path / "decisions.jsonl"
-    adapter = make_adapter(policy, decision_log=str(log))
+    adapter = make_adapter(policy, clock=clock, decision_log=str(log), redecide_s=0.5)
     arrive(adapter, world, labelled("r1", "t1", "a"))
-    assert step(adapter, world) == []
-    assert adapter.stats["decision_errors"] == 1
-    policy.decisions = [Decision(admit=("r1",))]
-    adapter._state_key = None
-    assert [r.rid for r in step(adapter, world)] == ["r1"]
+    assert [r.rid for r in step(adapter, world)] == ["r1"]  # SGLang's own order: the call runs
+    arrive(adapter, world, labelled("r2", "t2", "b"))
+    for _ in range(20):  # scheduler passes inside the back-off: the policy is not asked
+        step(adapter, world)
+    assert adapter.stats["decision_errors"] == 1 and len(policy.snaps) == 1
+    assert {r.rid for r in world.running.reqs} == {"r1", "r2"}
+    clock.t = 0.5  # asked again, and it decides now
+    policy.fn = lambda snap: Decision(admit=tuple(v.rid for v in snap.waiting))
+    arrive(adapter, world, labelled("r3", "t3", "c"))
+    assert [r.rid for r in step(adapter, world)] == ["r3"]
+    assert adapter.stats["decision_errors"] == 1 and adapter.stats["decisions"] == 1
     adapter.close()
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert records[0]["event"] == "error" and "not waiting" in records[0]["error"]
-    assert records[1]["event"] == "decision" and records[1]["sglang_admitted"] == ["r1"]
-    assert records[1]["admit"] == [{"rid": "r1", "task": "t1", "stage": "s1", "agent": "a"}]
+    assert [r["event"] for r in records].count("error") == 1
+    assert records[-1]["event"] == "decision" and records[-1]["sglang_admitted"] == ["r3"]
+
+
+def test_a_request_aborted_while_waiting_ends_as_an_abort(tmp_path: Any) -> None:
+    # SGLang drops a waiting request whose client left without a finish reason: logged "NoneType"
+    world, log = World(), tmp_path / "decisions.jsonl"
+    adapter = make_adapter(ScriptedPolicy(), decision_log=str(log))  # admits nothing
+    r1 = labelled("r1", "t1", "a")
+    arrive(adapter, world, r1)
+    step(adapter, world)
+    world.sched.waiting_queue.remove(r1)
+    step(adapter, world)
+    adapter.close()
+    (end,) = [json.loads(x) for x in log.read_text().splitlines() if json.loads(x)["event"] == "end"]
+    assert (end["rid"], end["ok"], end["reason"]) == ("r1", False, "FINISH_ABORT")
 
 
 def test_stage_done_events_and_finishes_reach_the_policy(tmp_path: Any) -> None:

@@ -79,6 +79,8 @@ class Adapter:
         self._kv_pool = 0
         self._state_key: tuple | None = None
         self._last_decide = -math.inf
+        # until when SGLang schedules on its own after the policy failed (see `_decide`)
+        self._fallback_until = -math.inf
         self._admit: tuple[str, ...] = ()
         self._rank: dict[str, int] | None = None  # decision order, while SGLang's prefill runs
         self._kept: dict[str, int] = {}  # running rid -> admission sequence (retraction order)
@@ -175,12 +177,15 @@ class Adapter:
         chunked = getattr(sched, "chunked_req", None)
         if chunked is not None and not chunked.finished() and chunked not in running:
             running.append(chunked)
+        if now < self._fallback_until:  # the policy failed: SGLang's own scheduling meanwhile
+            return orig(sched, running_batch)
         key = (tuple(r.rid for r in waiting), tuple(r.rid for r in running))
         stale = bool(waiting) and now - self._last_decide >= self.config.redecide_s
         if key != self._state_key or stale or self.book.pending_events:
             self._state_key = key
             self._observe(waiting, running, now)
-            self._decide(sched, running_batch, waiting, running, now)
+            if not self._decide(sched, running_batch, waiting, running, now):
+                return orig(sched, running_batch)
         by_rid = {r.rid: r for r in sched.waiting_queue}
         admitted = [by_rid[rid] for rid in self._admit if rid in by_rid]
         self._rank = {r.rid: i for i, r in enumerate(admitted)}
@@ -218,8 +223,10 @@ class Adapter:
         ended = self.book.observe({r.rid for r in waiting}, {r.rid for r in running}, now)
         for rid in ended:
             req = self.reqs.pop(rid)
-            reason = type(getattr(req, "finished_reason", None)).__name__
-            ok = reason not in ("NoneType", "FINISH_ABORT")
+            finished = getattr(req, "finished_reason", None)
+            # a request aborted while it waited has no finish reason yet (it was logged "NoneType")
+            reason = "FINISH_ABORT" if finished is None else type(finished).__name__
+            ok = reason != "FINISH_ABORT"
             meta = self.book.meta.get(rid)
             self.book.end(rid, ok, now)
             self.views.forget(rid)
@@ -264,24 +271,31 @@ class Adapter:
                               profile=self.profile, workflows=self.workflows, events=self.book.events())
 
     def _decide(self, sched: Any, running_batch: Any, waiting: list[Any], running: list[Any],
-                now: float) -> None:
+                now: float) -> bool:
+        """Ask the policy and apply its decision; False when it failed. A policy bug must not
+        stop serving: SGLang then schedules on its own (its stock order) until the policy is
+        asked again `redecide_s` later. Before, it admitted nothing, so every call hung, and a
+        stage-done event the failed decision left unconsumed re-ran the policy at every
+        scheduler pass (about 4,000 errors a second in the decision log)."""
         snap = self._snapshot(waiting, running, now)
         self._last_decide = now
         try:
             decision = self.policy.decide(snap)
             # over budget already (model drift): accept decisions that add no KV
             check_decision(replace(snap, kv_budget=max(snap.kv_budget, snap.kv_used)), decision)
-        except Exception as exc:  # a policy bug must not kill the scheduler
+        except Exception as exc:
             self.stats["decision_errors"] += 1
             self._admit = ()
+            self._fallback_until = now + self.config.redecide_s
             if self.stats["decision_errors"] <= 10 or self.stats["decision_errors"] % 100 == 0:
-                logger.error("topas: policy %r failed (%s: %s); admitting nothing this step",
-                             self.config.policy, type(exc).__name__, exc)
+                logger.error("topas: policy %r failed (%s: %s); SGLang schedules on its own for %g s",
+                             self.config.policy, type(exc).__name__, exc, self.config.redecide_s)
             self.log_event("error", error=f"{type(exc).__name__}: {exc}")
-            return
+            return False
         self.book.consume_events(len(snap.events))
         self.stats["decisions"] += 1
         self._apply(sched, running_batch, snap, decision)
+        return True
 
     def _apply(self, sched: Any, running_batch: Any, snap: Snapshot, decision: Decision) -> None:
         skipped: list[str] = []

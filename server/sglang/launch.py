@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import yaml
 
+from ...bench.work import check_fits
 from ...cli.args import check_output
 from ...costmodel import DEFAULT_PROFILE, load_profile
 from ...errors import ConfigError
@@ -235,8 +236,33 @@ def build_env(config: PluginConfig, base: Mapping[str, str] | None = None) -> di
     return env
 
 
+def _known_budget(config: PluginConfig, extra_argv: Sequence[str]) -> int | None:
+    """The KV budget before SGLang starts: `--kv-budget`, else SGLang's `--max-total-tokens`;
+    None when the pool is sized from GPU memory at start-up."""
+    if config.kv_budget is not None:
+        return config.kv_budget
+    args = list(extra_argv)
+    for i, arg in enumerate(args):
+        value = args[i + 1] if arg == "--max-total-tokens" and i + 1 < len(args) else \
+            arg.partition("=")[2] if arg.startswith("--max-total-tokens=") else None
+        if value is not None:
+            return int(value) if value.isdigit() and int(value) > 0 else None  # SGLang names a bad one
+    return None
+
+
+def check_workflows_fit(config: PluginConfig, extra_argv: Sequence[str]) -> None:
+    """ConfigError (exit 2, before SGLang loads a model for minutes) when a `--workflow` has a
+    call that can never fit the budget, as `--engine sim` refuses it: SGLang served it, and
+    every forecast of the guard came out NaN."""
+    budget = _known_budget(config, extra_argv)
+    if budget is not None:
+        for wf in config.workflows:
+            check_fits(load_workflow(wf), budget)
+
+
 def main(args: argparse.Namespace, extra_argv: Sequence[str], api_keys: Sequence[str] = ()) -> int:
     config = build_config(args)
+    check_workflows_fit(config, extra_argv)
     cmd = build_command(args, extra_argv, api_keys)
     require_sglang()
     if not plugin_installed():
