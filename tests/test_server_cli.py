@@ -187,3 +187,18 @@ def test_sglang_launcher_refuses_a_workflow_that_cannot_fit_its_known_budget(kv_
     args.kv_budget = None
     launch.check_workflows_fit(launch.build_config(args, {}), ["--model-path", "m", "--max-total-tokens", "16000"])
     launch.check_workflows_fit(launch.build_config(args, {}), ["--model-path", "m"])
+
+
+def test_sglang_launcher_errors_name_the_flag_the_user_typed() -> None:
+    # they named only the environment variable SGLang's processes read (TOPAS_SGLANG_KV_BUDGET)
+    import argparse
+
+    from topas_agents.errors import ConfigError
+    from topas_agents.server.sglang import launch
+
+    base = dict(policy="lpm", policy_opt=[], profile=None, workflow=[], kv_budget=None, task_idle_timeout=300.0,
+                decision_log=None)
+    for change, flag in (({"kv_budget": 0}, "--kv-budget"), ({"task_idle_timeout": float("nan")}, "--task-idle-timeout"),
+                         ({"policy": ""}, "--policy")):
+        with pytest.raises(ConfigError, match=f"^{flag} \\(TOPAS_SGLANG_"):
+            launch.build_config(argparse.Namespace(**{**base, **change}), {})

@@ -44,6 +44,15 @@ ENV = {
 }
 
 
+# `topas serve --engine sglang` flags that set these (an error names both: the user typed the
+# flag; SGLang's processes read the variable)
+_FLAGS = {"policy": "--policy", "kv_budget": "--kv-budget", "task_idle_s": "--task-idle-timeout"}
+
+
+def _source(name: str) -> str:
+    return f"{_FLAGS[name]} ({ENV[name]})" if name in _FLAGS else ENV[name]
+
+
 @dataclass(frozen=True, slots=True)
 class PluginConfig:
     policy: str
@@ -57,13 +66,13 @@ class PluginConfig:
 
     def __post_init__(self) -> None:
         if not self.policy:
-            raise ConfigError(f"{ENV['policy']} must name a policy")
+            raise ConfigError(f"{_source('policy')} must name a policy")
         if self.kv_budget is not None and self.kv_budget <= 0:
-            raise ConfigError(f"{ENV['kv_budget']} must be a positive integer, got {self.kv_budget}")
+            raise ConfigError(f"{_source('kv_budget')} must be a positive integer, got {self.kv_budget}")
         for name in ("redecide_s", "task_idle_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
-                raise ConfigError(f"{ENV[name]} must be a finite number >= 0, got {value}")
+                raise ConfigError(f"{_source(name)} must be a finite number >= 0, got {value}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PluginConfig | None:
