@@ -245,3 +245,26 @@ async def test_the_server_watch_tells_a_dead_server_from_a_blip():
         timed.check(handle.url)
     now[0] = GONE_FOR_S
     timed.check(handle.url)
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "sop", "--prompt", "x", "--max-tokens", "-5"],
+    ["run", "sop", "--prompt", "x", "--task-id-prefix", " "],
+    ["eval", "softwaredev", "--limit", "1", "--max-tokens", "-1"],
+])
+def test_bad_run_and_eval_options_are_refused_before_metagpt_loads(argv, capsys, monkeypatch):
+    # they were refused only after MetaGPT had loaded and the embedded server had started (~12 s)
+    import topas_agents.integrations.metagpt.environment as environment
+
+    monkeypatch.setattr(environment, "prepare_metagpt", lambda *a, **k: pytest.fail("MetaGPT loaded"))
+    assert main(argv) == 2 and "error:" in capsys.readouterr().err
+
+
+def test_qa_without_a_sandbox_is_refused_before_metagpt_loads(capsys, monkeypatch):
+    import topas_agents.integrations.metagpt.environment as environment
+    import topas_agents.integrations.metagpt.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "sandbox_available", lambda: False)
+    monkeypatch.setattr(environment, "prepare_metagpt", lambda *a, **k: pytest.fail("MetaGPT loaded"))
+    assert main(["run", "sop", "--prompt", "x", "--qa"]) == 2
+    assert "needs a working bubblewrap" in capsys.readouterr().err

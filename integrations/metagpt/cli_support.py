@@ -40,17 +40,24 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=model_name, default=None, help="model name sent to the server (default topas-sim)")
     p.add_argument("--no-restructure", action="store_true",
                    help="keep MetaGPT's stock prompt layout (static text after the context)")
-    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+    p.add_argument("--max-tokens", type=non_negative_int, default=None, metavar="N",
                    help="max_tokens sent per call; 0: omit (default: omitted on the embedded server, which "
                    "then samples output lengths from the workflow; MetaGPT's 4096 with --server)")
     p.add_argument("--parse-retries", type=positive_int, default=None, metavar="N",
                    help="MetaGPT retries of unparsable replies (default: MetaGPT's 6, with waits)")
     p.add_argument("--json", metavar="OUT", help="write the results as JSON")
     p.add_argument("--verbose", action="store_true", help="show MetaGPT's log (INFO) on stderr")
-    p.add_argument("--task-id-prefix", metavar="P", default=None,
+    p.add_argument("--task-id-prefix", metavar="P", default=None, type=_prefix_text,
                    help="task ids are P-<id> (default with --server, and always for `topas run`: <workflow>-<random "
                    "hex>, unique per run, so a repeated run against one server never reuses a finished task's id, "
                    "which the server refuses with 409)")
+
+
+def _prefix_text(text: str) -> str:
+    """`--task-id-prefix` checked as it is parsed (it was checked after MetaGPT loaded)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 def task_id_prefix(given: str | None, workflow: str) -> str:

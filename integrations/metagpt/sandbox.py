@@ -169,17 +169,24 @@ exec {prlimit} --cpu={cpu} --as={mem} --fsize={fsize} --nofile={nofile} -- {bwra
 """
 
 
-def make_sandbox(parent: str | Path | None = None, limits: SandboxLimits = DEFAULT_LIMITS,
-                 writable: Sequence[str | Path] = ()) -> Path:
-    """A fresh sandbox dir: `bin/python` (the shim), `venv/` (no pip), `home/` and `tmp/`;
-    `writable` dirs (the generated project) are bound read-write at their own paths. The
-    caller removes it (`remove_sandbox`, or use `sandbox(...)`); a failed build removes itself."""
+def require_sandbox() -> str:
+    """ConfigError unless a sandbox can be built here; prlimit's path. `topas run --qa` calls it
+    before MetaGPT loads and the embedded server starts (the error came after about 13 s)."""
     if not sandbox_available():
         raise ConfigError("--qa runs generated code only in a sandbox, which needs a working bubblewrap "
                           "(`apt-get install bubblewrap`, user namespaces enabled)")
     prlimit = shutil.which("prlimit")
     if prlimit is None:
         raise ConfigError("the QA sandbox needs prlimit (util-linux)")
+    return prlimit
+
+
+def make_sandbox(parent: str | Path | None = None, limits: SandboxLimits = DEFAULT_LIMITS,
+                 writable: Sequence[str | Path] = ()) -> Path:
+    """A fresh sandbox dir: `bin/python` (the shim), `venv/` (no pip), `home/` and `tmp/`;
+    `writable` dirs (the generated project) are bound read-write at their own paths. The
+    caller removes it (`remove_sandbox`, or use `sandbox(...)`); a failed build removes itself."""
+    prlimit = require_sandbox()
     if parent is not None:
         Path(parent).mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="topas-qa-", dir=parent)).resolve()

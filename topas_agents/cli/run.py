@@ -103,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.qa and args.workflow != "sop":
         raise ConfigError("--qa applies to `topas run sop` only")
+    if args.qa:  # before MetaGPT loads and the server starts, not after
+        from ..integrations.metagpt.sandbox import require_sandbox
+
+        require_sandbox()
     check_output("--json", args.json)  # before the tasks run, not after
     check_output("--trace", args.trace)
     if args.server:
