@@ -75,6 +75,16 @@ def test_bad_inputs_are_one_line_config_errors(tmp_path):
         write_config(tmp_path, "http://h/v1")
 
 
+@pytest.mark.skipif(not metagpt_available(), reason="needs metagpt")
+def test_a_root_whose_workspace_is_a_file_is_a_one_line_error(tmp_path):
+    # MetaGPT makes <root>/workspace as it is imported: a 48-line FileExistsError traceback
+    from topas_agents.integrations.metagpt.environment import prepare_metagpt
+
+    (tmp_path / "workspace").write_text("not a folder")
+    with pytest.raises(ConfigError, match="workspace is a file, not a directory"):
+        prepare_metagpt(tmp_path)
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     # before: "http://" was written as "http:", a URL with spaces as is, an int URL raised
     # AttributeError, and api_key "" was swapped for the default placeholder

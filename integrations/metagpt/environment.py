@@ -70,6 +70,10 @@ def prepare_metagpt(root: str | Path = DEFAULT_ROOT, *, log_level: str = "WARNIN
         raise ConfigError("metagpt is not installed: run `make install` (pip install -e '.[metagpt]', "
                           "then pip install --no-deps metagpt==0.8.2)")
     root = Path(root).resolve()
+    from topas_agents.cli.args import check_output
+
+    # MetaGPT makes <root>/workspace as it is imported: a file there was a 48-line traceback
+    check_output("--root", root / "workspace", "dir")
     if "metagpt.const" in sys.modules:
         from metagpt.const import METAGPT_ROOT
 
