@@ -96,6 +96,24 @@ def test_jct_cdf_and_bar_plots_are_pngs_and_tolerate_failed_tasks(tmp_path):
         plot_jct_cdf({"fcfs": [1.0]}, tmp_path / "bars.png" / "x.png")  # a file where a dir must be
 
 
+def test_a_long_plot_title_is_wrapped_to_the_figure():
+    # the bar chart's title lost its end past the figure's edge ("...(embedded, time scale 200")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from topas_agents.bench.plots import _fitted
+
+    title = ("SoftwareDev on metagpt-sop-noqa: 11 tasks per policy\n"
+             "Poisson rate 0.05 tasks/simulated s, seed 0 (embedded, time scale 200)")
+    fig = Figure(figsize=(5.0, 4.2), layout="constrained")
+    canvas = FigureCanvasAgg(fig)
+    text = fig.subplots().set_title(_fitted(title, 5.0), fontsize=9)
+    canvas.draw()
+    box = text.get_window_extent(canvas.get_renderer())
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width
+    assert _fitted(title, 5.0).split() == title.split()  # wrapped, nothing lost
+
+
 @metagpt_only
 def test_eval_cli_runs_each_policy_on_the_same_arrivals(tmp_path, capsys):
     out = tmp_path / "eval.json"

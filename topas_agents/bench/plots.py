@@ -148,7 +148,7 @@ def plot_jct_cdf(jcts: Mapping[str, Sequence[float | None]], path: str | Path, *
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(title or "per-task JCT CDF", fontsize=9)
+    ax.set_title(_fitted(title or "per-task JCT CDF", 7), fontsize=9)
     return save_figure(fig, path, flag)
 
 
@@ -170,5 +170,17 @@ def plot_jct_bars(summary: Mapping[str, Mapping[str, float | None]], path: str |
     ax.set_ylabel(f"JCT ({unit})")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(title or "JCT by policy", fontsize=9)
+    if all(summary[n].get(k) is None for n in names for k in ("mean_jct_s", "p99_jct_s")):
+        # every task failed: say so (an empty chart around a y axis of -0.04..0.04 said nothing)
+        ax.set_ylim(0, 1)
+        ax.text(0.5, 0.5, "no task succeeded: no JCT", transform=ax.transAxes, ha="center", va="center")
+    ax.set_title(_fitted(title or "JCT by policy", fig.get_figwidth()), fontsize=9)
     return save_figure(fig, path, flag)
+
+
+def _fitted(title: str, width_in: float, fontsize: float = 9.0) -> str:
+    """`title` with each line wrapped to the figure's width (a long one was cut at the edge)."""
+    import textwrap
+
+    chars = max(20, int(width_in * 72 / (fontsize * 0.6)))  # about 0.6 em per character
+    return "\n".join(textwrap.fill(line, chars) for line in title.splitlines())
