@@ -154,8 +154,11 @@ def test_cli_config_refuses_when_the_home_config_would_win(tmp_path, capsys, mon
 def test_cli_config_home_patches_the_winning_file(tmp_path, capsys, monkeypatch):
     home_file = _home_with_llm(tmp_path, monkeypatch)
     assert main(["metagpt", "config", "--base-url", "http://127.0.0.1:7/v1", "--home"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
     assert out["config"] == str(home_file) and out["effective"] is True and out["llm"]["api_key"] == "sk-***"
+    # the user's own key now goes to the Topas server with every call: said, never echoed
+    assert "keeps its api_key (sk-***)" in captured.err and "sk-home" not in captured.err
     data = yaml.safe_load(home_file.read_text())
     assert data["repair_llm_output"] is True  # other keys kept
     assert data["llm"] == {"api_type": "openai", "base_url": "http://127.0.0.1:7/v1", "api_key": "sk-home",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,13 @@ def run(args: argparse.Namespace) -> int:
     home = home_config_path()
     if args.home:
         path = write_config_file(home, args.base_url, model=args.model, api_key=args.api_key)
-        out = {"config": str(path), "llm": _shown(read_config_file(path)["llm"]), "effective": True}
+        llm = read_config_file(path)["llm"]
+        out = {"config": str(path), "llm": _shown(llm), "effective": True}
         print(json.dumps(out, indent=2))
+        if args.api_key is None and llm.get("api_key"):  # the user's own provider key, most likely
+            print(f"warning: {path} keeps its api_key ({_shown(llm)['api_key']}), and MetaGPT now sends it to "
+                  f"{args.base_url} with every call; give --api-key (the Topas server's key, or any text for "
+                  "a server without one) to replace it", file=sys.stderr)
         return 0
     shadow = home_overrides(home=home)
     if shadow and not args.force:
