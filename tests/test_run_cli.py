@@ -268,3 +268,14 @@ def test_qa_without_a_sandbox_is_refused_before_metagpt_loads(capsys, monkeypatc
     monkeypatch.setattr(environment, "prepare_metagpt", lambda *a, **k: pytest.fail("MetaGPT loaded"))
     assert main(["run", "sop", "--prompt", "x", "--qa"]) == 2
     assert "needs a working bubblewrap" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["eval", "softwaredev", "--rate", "1", "--server", "http://127.0.0.1:9/v1", "--policies", "fcfs,lpm"],
+    ["eval", "softwaredev", "--rate", "1", "--server", "http://127.0.0.1:9/v1", "--time-scale", "3"],
+    ["run", "sop", "--prompt", "x", "--server", "http://127.0.0.1:9/v1", "--policy", "lpm"],
+    ["run", "sop", "--prompt", "x", "--server", "http://127.0.0.1:9/v1", "--kv-budget", "5000"],
+])
+def test_embedded_server_flags_with_server_are_refused(argv, capsys):
+    # silently ignored before: the server runs its own policy and clock
+    assert main(argv) == 2 and "applies to the embedded server only" in capsys.readouterr().err

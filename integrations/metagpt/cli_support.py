@@ -60,6 +60,21 @@ def _prefix_text(text: str) -> str:
     return text
 
 
+# What only the embedded server reads: with --server, the server runs its own policy, clock,
+# profile and budget, so these were silently ignored (README: a flag the mode would ignore is
+# an error).
+EMBEDDED_ONLY = ("--policy", "--policies", "--time-scale", "--profile", "--kv-budget")
+
+
+def check_server_flags(args: argparse.Namespace) -> None:
+    """ConfigError for an embedded-server flag given with --server."""
+    given = getattr(args, "given", None) or frozenset()
+    flag = next((f for f in EMBEDDED_ONLY if f in given), None)
+    if args.server and flag is not None:
+        raise ConfigError(f"{flag} applies to the embedded server only: with --server, the server runs its own "
+                          "policy, clock and KV budget")
+
+
 def task_id_prefix(given: str | None, workflow: str) -> str:
     """`--task-id-prefix`, or a fresh `<workflow>-<hex>`. A server closes a task for good once
     it is done (a later call for it gets 409), so each run against one server needs new ids."""

@@ -66,10 +66,11 @@ def _task_id_prefix(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..integrations.metagpt.cli_support import check_server_flags, stdout_to_stderr
     from .args import client_api_key
 
+    check_server_flags(args)
     api_key = client_api_key(args) if args.server else None  # before MetaGPT loads (seconds)
-    from ..integrations.metagpt.cli_support import stdout_to_stderr
     from ..integrations.metagpt.environment import prepare_metagpt
     from ..integrations.metagpt.softwaredev import load_softwaredev
     from .args import check_output, write_json

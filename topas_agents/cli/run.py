@@ -97,10 +97,11 @@ async def _run(args: argparse.Namespace, url: str) -> tuple[list[Any], Any, Any]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..integrations.metagpt.cli_support import stdout_to_stderr
+    from ..integrations.metagpt.cli_support import check_server_flags, stdout_to_stderr
     from ..integrations.metagpt.environment import prepare_metagpt
     from .args import check_output, write_json
 
+    check_server_flags(args)
     if args.qa and args.workflow != "sop":
         raise ConfigError("--qa applies to `topas run sop` only")
     if args.qa:  # before MetaGPT loads and the server starts, not after
