@@ -78,6 +78,18 @@ def test_eq5_monte_carlo_branch_for_large_supports():
     assert value.expected() == pytest.approx(32.5 * 6)
 
 
+def test_eq5_exact_branch_on_a_chain_longer_than_numpy_grids_have_axes():
+    # 40 stages, one value each (as before any history) and one with two: the product has 2
+    # points, exact; E[LP] = sum of the values, + the two-point stage's mean (1 and 3: 2). A
+    # grid over every stage raised ValueError past 32 axes (topas-paper failed any such run).
+    names = [f"s{i}" for i in range(40)]
+    chain = workflow("long", [(n, [names[i - 1]] if i else []) for i, n in enumerate(names)])
+    vals = {n: [1.0] for n in names} | {"s7": [1.0, 3.0]}
+    value = task_value(chain, frozenset(), {}, dists(chain, vals), 256)
+    assert len(value.w) == 2 and value.w.sum() == pytest.approx(1.0)
+    assert value.expected() == pytest.approx(39 * 1.0 + 2.0)
+
+
 def test_d_hat_profiled_then_empirical_per_request():
     # Before any observation: T_prefill(|input|) + T_decode * max_new.
     # After stage completions with services 6 s (3 rounds) and 2 s (1 round): 8 s / 4 requests = 2 s.

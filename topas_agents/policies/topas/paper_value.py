@@ -78,6 +78,25 @@ def _support(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return vals, counts / counts.sum()
 
 
+def _product_rows(supports: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Every point of the product of the stages' supports, and its probability. A stage with
+    one value is a constant column, not a grid axis: numpy grids have at most 32 axes, and a
+    33-stage chain (one value per stage before any history) raised ValueError. The same rows,
+    in the same order, as a grid over every stage."""
+    varying = [s for s, (values, _) in supports.items() if len(values) > 1]
+    rows: dict[str, np.ndarray] = {}
+    w = np.ones(1)
+    if varying:
+        grids = np.meshgrid(*[supports[s][0] for s in varying], indexing="ij")
+        probs = np.meshgrid(*[supports[s][1] for s in varying], indexing="ij")
+        rows = {s: g.ravel() for s, g in zip(varying, grids, strict=True)}
+        w = np.prod(np.stack([p.ravel() for p in probs]), axis=0)
+    for s, (values, _) in supports.items():
+        if s not in rows:
+            rows[s] = np.full(len(w), values[0])
+    return rows, w
+
+
 def task_value(wf: Workflow, done: frozenset[str], attained: Mapping[str, float],
                dists: Mapping[str, StageDist], exact_rows: int) -> TaskValue:
     """Build L_i for a task: sources are its ready stages (residual eq 4, `attained` = e),
@@ -90,11 +109,7 @@ def task_value(wf: Workflow, done: frozenset[str], attained: Mapping[str, float]
     supports = {s: _support(v) for s, v in full.items()}
     size = math.prod(len(v) for v, _ in supports.values())
     if size <= exact_rows:  # exact: every point of the product of independent supports
-        names = list(supports)
-        grids = np.meshgrid(*[supports[s][0] for s in names], indexing="ij")
-        probs = np.meshgrid(*[supports[s][1] for s in names], indexing="ij")
-        rows = {s: g.ravel() for s, g in zip(names, grids, strict=True)}
-        w = np.prod(np.stack([p.ravel() for p in probs]), axis=0)
+        rows, w = _product_rows(supports)
     else:  # Monte Carlo on the stages' CRN columns (independent Latin-hypercube strata)
         rows = {s: (dists[s].residual(attained.get(s, 0.0))[2] if s in source_set else dists[s].column)
                 for s in remaining}
