@@ -46,10 +46,22 @@ def test_options_are_validated_and_split():
     ("forecast_first", True, "forecast option 'first'"),
     ("forecast_seeds", "1,2.5", "forecast option 'seeds'"),
     ("forecast_tasks", 10**9, "tasks must be <= 10000"),
+    ("forecast_max_calls", 0, "max_calls must be >= 1"),
 ])
 def test_forecast_options_are_refused_at_construction(option, value, match):
     with pytest.raises(ConfigError, match=match):
         make_policy("topas", {option: value})
+
+
+def test_a_forecast_trace_keeps_its_first_tasks_within_the_call_bound():
+    # 120 tasks of a 200-stage workflow made every forecast take minutes
+    from topas_agents.sim import make_trace
+    from topas_agents.workflow import load_workflow
+
+    chain = make_trace(load_workflow("chain3"), 120, 1.0, 0)  # 3 calls a task: 360 in all
+    assert forecast_run.bounded_trace(chain, fc.ForecastConfig().max_calls) == chain  # under it: as is
+    assert forecast_run.bounded_trace(chain, 90) == chain[:30]  # 30 tasks, 90 calls
+    assert len(forecast_run.bounded_trace(chain, 3)) == forecast_run.MIN_FORECAST_TASKS
 
 
 def test_core_option_picks_the_guarded_core():

@@ -84,6 +84,20 @@ class ForecastConfig:
                  while 200-task runs put Topas 7-18% ahead of SPF on every seed (120-task
                  traces kept Topas on both seeds that had switched; docs/suite.md).
     seeds        synthetic traces per forecast; their scores are averaged.
+    max_calls    calls per simulated trace at most: past it the trace keeps its first tasks
+                 (at least MIN_FORECAST_TASKS). A forecast's cost grows with its calls, and
+                 120 tasks of a 200-stage workflow made each forecast take minutes (a 20-task
+                 bench of it took 16 minutes). 10,000 is above every built-in workload
+                 (coding-waves: 79 calls a task, 9,500 a trace) and every suite workflow
+                 measured (at most 29 calls a task, suite seeds 0-8 on the A100 and H100
+                 profiles), so their forecasts are the same as without the bound.
+ its first tasks
+                 (at least MIN_FORECAST_TASKS). A forecast's cost grows with its calls, and
+                 120 tasks of a 200-stage workflow made each forecast take minutes (a 20-task
+                 bench of it took 16 minutes). 10,000 is above every built-in workload
+                 (coding-waves: 79 calls a task, 9,500 a trace) and every suite workflow
+                 measured (at most 29 calls a task, suite seeds 0-8 on the A100 and H100
+                 profiles), so their forecasts are the same as without the bound.
     margin       another policy replaces the running one only when its score is lower by
                  this fraction (hysteresis: a tie never switches, noise rarely does). 0.01,
                  inside the contract's 2% tolerance: at 0.03 (until this release) the guard
@@ -128,6 +142,7 @@ class ForecastConfig:
     window: int = 64
     tasks: int = 120
     seeds: tuple[int, ...] = (0, 1, 2, 3)
+    max_calls: int = 10_000
     margin: float = 0.01
     spread: float = 1.0
     score: ForecastScore = "regret"
@@ -145,6 +160,8 @@ class ForecastConfig:
             raise ConfigError(f"forecast spread must be a finite number >= 0, got {self.spread}")
         if self.window < 3 or self.tasks < 2 or not self.seeds:
             raise ConfigError("forecast window >= 3, tasks >= 2 and at least one seed are required")
+        if self.max_calls < 1:
+            raise ConfigError(f"forecast max_calls must be >= 1, got {self.max_calls}")
         if self.tasks > MAX_FORECAST_TASKS:
             raise ConfigError(f"forecast tasks must be <= {MAX_FORECAST_TASKS}, got {self.tasks}")
         if not self.candidates:

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from .forecast import ForecastConfig
 
 
+# ForecastConfig.max_calls keeps at least this many tasks of a trace: fewer would rank
+# policies on a handful of tasks' queueing.
+MIN_FORECAST_TASKS = 16
+
+
 class Rate(NamedTuple):
     """An arrival rate (tasks/s) and the number of gaps it was estimated from."""
 
@@ -41,6 +46,17 @@ def forecast_trace(workflows: Mapping[str, Workflow], rates: Mapping[str, float]
         n = max(1, round(tasks * rates[name] / total))
         plans += make_trace(wf, n, rates[name], seed)
     return tuple(sorted(plans, key=lambda p: (p.arrival_s, p.task_id)))
+
+
+def bounded_trace(trace: tuple[TaskPlan, ...], max_calls: int) -> tuple[TaskPlan, ...]:
+    """The first tasks of `trace` whose calls fit `max_calls`, and at least MIN_FORECAST_TASKS
+    (ForecastConfig.max_calls); `trace` itself when it fits."""
+    calls = 0
+    for k, plan in enumerate(trace):
+        calls += sum(len(rounds) for rounds in plan.rounds.values())
+        if calls > max_calls and k >= MIN_FORECAST_TASKS:
+            return trace[:k]
+    return trace
 
 
 def trace_rates(rates: Mapping[str, Rate], i: int, config: ForecastConfig) -> dict[str, float]:
@@ -117,7 +133,8 @@ def _simulate_trace(job: ForecastJob, i: int, seed: int) -> dict[str, tuple[floa
     """Trace `i`: policy -> (mean JCT, p99 JCT), infinities where the simulation failed."""
     from ..sim.driver import simulate
 
-    trace = forecast_trace(job.workflows, trace_rates(job.rates, i, job.config), job.config.tasks, seed)
+    trace = bounded_trace(forecast_trace(job.workflows, trace_rates(job.rates, i, job.config), job.config.tasks,
+                                         seed), job.config.max_calls)
     runs: dict[str, tuple[float, float]] = {}
     for name in job.policies:
         options = job.topas_options if name == job.policies[0] else None
