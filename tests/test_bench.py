@@ -391,3 +391,25 @@ def test_real_bench_same_arrivals_for_every_policy():
             assert row["gap"] >= -1e-9
             assert row["mean_jct"] <= row["p99_jct"] * (1 + 1e-9) or row["p99_jct"] >= 0
     assert res["points"][0]["rate"] < res["points"][1]["rate"]
+
+
+def test_the_front_end_overhead_is_in_the_lower_bound_and_the_capacity():
+    # the simulator charges call_overhead_s on a FIFO front end; the bound and the load left
+    # it out (JCTs twice the "lower bound", and --load 0.5 a front end at 300%)
+    import dataclasses
+
+    from topas_agents.bench.capacity import capacity_rps
+    from topas_agents.bench.lower_bound import lower_bound
+    from topas_agents.costmodel import load_profile
+    from topas_agents.policies import make_policy
+    from topas_agents.sim import make_trace, simulate
+    from topas_agents.workflow import load_workflow
+
+    wf, plain = load_workflow("chain3"), load_profile("a100-80g-qwen2.5-32b")
+    slow = dataclasses.replace(plain, call_overhead_s=5.0)
+    trace = make_trace(wf, 20, 0.01, 0)
+    assert lower_bound(trace, slow).critical_path == pytest.approx(lower_bound(trace, plain).critical_path + 15.0)
+    assert capacity_rps(wf, slow) == pytest.approx(1 / 15.0)  # 3 calls x 5 s: the front end is the bottleneck
+    assert capacity_rps(wf, plain) > 1 / 15.0
+    run = simulate(trace, make_policy("lpm"), slow)
+    assert run.mean_jct >= lower_bound(trace, slow).mean_jct - 1e-9

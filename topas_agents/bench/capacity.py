@@ -43,13 +43,21 @@ def capacity_rps(wf: Workflow, profile: Profile, kv_budget: int | None = None) -
     check_fits(wf, budget)
     rng = random.Random(_CAPACITY_SEED)
     sample = [sample_task(wf, f"cap{i}", 0.0, rng) for i in range(CAPACITY_SAMPLES)]
-    return 1.0 / mean_task_work_s(sample, profile, budget, workflow_min_request_kv(wf))
+    return _capacity(sample, mean_task_work_s(sample, profile, budget, workflow_min_request_kv(wf)), profile)
 
 
 def capacity_of_tasks(tasks: Sequence[TaskPlan], profile: Profile, kv_budget: int | None = None) -> float:
     """Capacity for recorded tasks (a replayed trace): 1 / their mean least work."""
     budget = profile.kv_budget_tokens if kv_budget is None else kv_budget
-    return 1.0 / mean_task_work_s(tasks, profile, budget)
+    return _capacity(tasks, mean_task_work_s(tasks, profile, budget), profile)
+
+
+def _capacity(tasks: Sequence[TaskPlan], work_s: float, profile: Profile) -> float:
+    """1 / the busier of the two serial servers a task passes: the engine (its least work)
+    and the front end (`call_overhead_s` per call, FIFO in the simulator's driver). Without
+    the front end, a profile with a 5 s overhead called a front end loaded at 300% `--load 0.5`."""
+    calls = sum(len(rounds) for t in tasks for rounds in t.rounds.values()) / len(tasks)
+    return 1.0 / max(work_s, calls * profile.call_overhead_s)
 
 
 def rate_for_load(load: float, capacity: float) -> float:

@@ -102,11 +102,14 @@ def workflow_min_request_kv(wf: Workflow) -> int:
 
 def stage_latency_s(profile: Profile, wf: Workflow, stage: str, rounds: tuple[RoundPlan, ...]) -> float:
     """Fastest a stage can finish once ready: its rounds at batch 1, separated by the
-    stage's tool wait (a ReAct round's tool runs before the next round is sent)."""
+    stage's tool wait (a ReAct round's tool runs before the next round is sent), each round
+    passing the front end first (`call_overhead_s`: the simulator charges it before the
+    engine sees the call; the bound left it out, and a profile with an overhead showed JCTs
+    twice its "lower bound")."""
     st = wf.stage(stage)
     prefix = wf.prefix_tokens(st.agent)
     llm = sum(call_latency_s(profile, prefix, r.input_tokens, r.output_tokens) for r in rounds)
-    return llm + tool_wait_total_s(st.tool_wait_s, len(rounds))
+    return llm + len(rounds) * profile.call_overhead_s + tool_wait_total_s(st.tool_wait_s, len(rounds))
 
 
 def tool_wait_total_s(tool_wait_s: float, n_rounds: int) -> float:
