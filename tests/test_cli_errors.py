@@ -45,7 +45,7 @@ CASES = [
     (["--workload", "missing.yaml"], "workflow file not found: missing.yaml"),
     (["--workload", "{dir}"], "cannot read workflow file"),
     (["--workload", "{syntax}"], "invalid YAML at line"),
-    (["--workload", "{cycle}"], "dependency cycle among ['s1', 's2']"),
+    (["--workload", "{cycle}"], "dependency cycle s2 -> s1 -> s2"),
     (["--workload", "{badfield}"], "stages[0] (s).input_tokens: need 1 <= lo <= hi"),
     (["--workload", "chain3", "--policies", "fcfs,nosuch"], "argument --policies: unknown policy 'nosuch'"),
     (["--workload", "chain3", "--policies", "fcfs,,lpm"], "argument --policies: empty name"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -112,6 +112,22 @@ class Workflow:
 # ---------------------------------------------------------------------------- parsing
 
 
+def _one_cycle(stages: Sequence[StageSpec], index: Mapping[str, int], pending: Sequence[bool]) -> list[str]:
+    """One actual cycle among the stages the sort could not order, in dependency order, its
+    first stage repeated at the end. Every such stage waits on another such stage, so walking
+    back through `after` must come round (the error listed every stage left, sorted by name:
+    stages downstream of a cycle, and not always the cycle's own)."""
+    at = next(i for i, p in enumerate(pending) if p)
+    seen: dict[int, int] = {}
+    walk: list[int] = []
+    while at not in seen:
+        seen[at] = len(walk)
+        walk.append(at)
+        at = next(index[d] for d in stages[at].after if pending[index[d]])
+    loop = walk[seen[at]:]
+    return [_clip(stages[i].name) for i in reversed(loop)] + [_clip(stages[loop[-1]].name)]
+
+
 def _topo_sort(stages: tuple[StageSpec, ...]) -> tuple[str, ...]:
     """Kahn's algorithm, O(stages + edges). The order is by depth (longest path from a root),
     then declaration order: the same order as the former level-by-level passes."""
@@ -130,9 +146,9 @@ def _topo_sort(stages: tuple[StageSpec, ...]) -> tuple[str, ...]:
             if indegree[j] == 0:
                 queue.append(j)
     if len(queue) != len(stages):
-        pending = sorted(_clip(s.name) for s, d in zip(stages, indegree, strict=True) if d > 0)
-        shown = pending[:10] + (["..."] if len(pending) > 10 else [])
-        raise WorkflowError(f"stages: dependency cycle among {shown}")
+        cycle = _one_cycle(stages, index, [d > 0 for d in indegree])
+        shown = cycle if len(cycle) <= 12 else [*cycle[:6], "...", *cycle[-6:]]
+        raise WorkflowError(f"stages: dependency cycle {' -> '.join(shown)}")
     return tuple(stages[i].name for i in sorted(range(len(stages)), key=lambda i: (depth[i], i)))
 
 
