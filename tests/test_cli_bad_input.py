@@ -84,6 +84,15 @@ def test_bad_profile_file(tmp_path, capsys, text, message):
     assert not (tmp_path / "d").exists()  # nothing created for a run that never started
 
 
+@pytest.mark.parametrize("name", ["My.YAML", "my-gpu"])
+def test_a_profile_file_of_any_suffix_loads(tmp_path, name):
+    # "unknown profile" for an upper-case suffix or none (workflow files took either)
+    from topas_agents.costmodel import load_profile
+
+    (tmp_path / name).write_text(BASE_PROFILE)
+    assert load_profile(tmp_path / name) == load_profile(_profile(tmp_path, BASE_PROFILE))
+
+
 @pytest.mark.parametrize(("text", "message"), [
     (DEEP, "nested deeper"),
     ("topas: {beta: 1}\ntopas: {beta: 2}\n", "duplicate key 'topas'"),

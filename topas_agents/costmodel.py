@@ -146,11 +146,14 @@ def _read_profile_data(path: Path) -> Any:
 def load_profile(name_or_path: str | Path = DEFAULT_PROFILE, **overrides: Any) -> Profile:
     """Load a built-in profile by name or a YAML file by path; `overrides` replace fields."""
     path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
-        path = _PROFILE_DIR / f"{name_or_path}.yaml"
-        if not path.exists():
+    if path.suffix.lower() not in (".yaml", ".yml"):  # as workflows: any suffix's case, any file
+        builtin = _PROFILE_DIR / f"{name_or_path}.yaml"
+        if builtin.exists():
+            path = builtin
+        elif not path.is_file():
             raise ConfigError(
-                f"unknown profile '{name_or_path}' (built-in: {', '.join(available_profiles())})"
+                f"unknown profile '{name_or_path}' (built-in: {', '.join(available_profiles())}; or give a "
+                "profile file's path)"
             )
     if not path.exists():
         raise ConfigError(f"profile file not found: {path}")
