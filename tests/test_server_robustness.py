@@ -295,18 +295,20 @@ def _only_cancelled_calls(realtime) -> None:
 def test_an_idle_keep_alive_connection_outlives_the_clients_own_expiry() -> None:
     # at uvicorn's 5 s the server closed idle connections as httpx's pool (5 s) reused them:
     # a call sent on a connection being closed failed (1 in 1000 under load)
-    import socket
+    import http.client
     from urllib.parse import urlsplit
 
     handle = start_server_in_thread(ServerConfig(time_scale=50.0))
+    url = urlsplit(handle.base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
     try:
-        url = urlsplit(handle.base_url)
-        request = f"GET /health HTTP/1.1\r\nHost: {url.hostname}\r\n\r\n".encode()
-        with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
-            sock.sendall(request)
-            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
-            time.sleep(6.0)  # past httpx's and openai's 5 s pool expiry
-            sock.sendall(request)
-            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        conn.request("GET", "/health")
+        assert conn.getresponse().read() and conn.sock is not None
+        sock = conn.sock
+        time.sleep(6.0)  # past httpx's and openai's 5 s pool expiry
+        conn.request("GET", "/health")  # on the same connection (http.client never reopens one itself)
+        response = conn.getresponse()
+        assert response.status == 200 and response.read() and conn.sock is sock
     finally:
+        conn.close()
         handle.stop()
