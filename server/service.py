@@ -14,7 +14,7 @@ import logging
 import random
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..engine import Engine, OverBudgetError, RequestFactory
 from ..errors import TaskError, TopasError
@@ -41,6 +41,25 @@ log = logging.getLogger("topas.server")
 
 # (config, workflows) -> (engine, its request constructor taking EngineRequest's keyword fields)
 EngineFactory = Callable[[ServerConfig, Mapping[str, Workflow]], tuple[Engine, RequestFactory]]
+
+
+class LengthHint(NamedTuple):
+    """How long a reply should be: the client's max_tokens, else a draw from the workflow
+    stage's output profile (`from_stage`), else None (the responder's own length)."""
+
+    tokens: int | None
+    from_stage: bool
+
+
+class SimulatedReply(NamedTuple):
+    """A call's reply: its text (a tool call's JSON arguments), the simulated output tokens,
+    the decode reservation, the finish reason and the tool call."""
+
+    text: str
+    output_tokens: int
+    max_new_tokens: int
+    finish_reason: str
+    tool: ToolCall | None
 
 
 class SimService:
@@ -133,19 +152,15 @@ class SimService:
 
     # ------------------------------------------------------------------ engine-task side
 
-    def _length(self, call: ParsedCall, lab: ResolvedLabel, round_: int) -> tuple[int | None, bool]:
-        """(target length hint, whether it comes from the workflow stage's output profile)."""
+    def _length(self, call: ParsedCall, lab: ResolvedLabel, round_: int) -> LengthHint:
         if call.max_tokens is not None:
-            return call.max_tokens, False
+            return LengthHint(call.max_tokens, False)
         if lab.workflow is not None:
             rng = random.Random(f"{self.config.seed}:{lab.task_id}:{lab.stage}:{round_}")
-            return lab.workflow.stage(lab.stage).output_tokens.sample(rng), True
-        return None, False
+            return LengthHint(lab.workflow.stage(lab.stage).output_tokens.sample(rng), True)
+        return LengthHint(None, False)
 
-    def _response(self, call: ParsedCall, lab: ResolvedLabel,
-                  round_: int) -> tuple[str, int, int, str, ToolCall | None]:
-        """(text, simulated output tokens, decode reservation, finish_reason, tool call); a
-        tool call's text is its JSON arguments."""
+    def _response(self, call: ParsedCall, lab: ResolvedLabel, round_: int) -> SimulatedReply:
         target, from_stage = self._length(call, lab, round_)
         ctx = ResponseContext(call.kind, call.messages, call.last_user, lab.task_id, lab.stage, lab.agent,
                               round_, lab.labelled, target, call.tools, call.response_format)
@@ -161,11 +176,11 @@ class SimService:
         done = "length" if len(text) < len(whole) else "tool_calls" if tool else "stop"
         natural = max(1, count_tokens(text))
         if from_stage:  # the workload decides the simulated length; the text stays whole
-            return text, target or 1, target or 1, done, tool
+            return SimulatedReply(text, target or 1, target or 1, done, tool)
         limit = call.max_tokens if call.max_tokens is not None else self.config.default_max_tokens
         if natural > limit:
-            return truncate(text, limit), limit, call.max_tokens or limit, "length", tool
-        return text, natural, call.max_tokens or natural, done, tool
+            return SimulatedReply(truncate(text, limit), limit, call.max_tokens or limit, "length", tool)
+        return SimulatedReply(text, natural, call.max_tokens or natural, done, tool)
 
     def _submit(self, rid: str, call: ParsedCall, lab: ResolvedLabel, endpoint: str) -> Call:
         try:

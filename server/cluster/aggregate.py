@@ -46,6 +46,13 @@ def _quantile(values: Sequence[float], p: float) -> float | None:
     return percentile_or_none(values, 100 * p)
 
 
+class FrontAnswer(NamedTuple):
+    """What the front answers a fanned-out call with: a status and a JSON body."""
+
+    status: int
+    body: dict[str, Any]
+
+
 class ReplicaTasks(NamedTuple):
     """One replica's task items, and what moves its times onto the common clock."""
 
@@ -176,7 +183,7 @@ def aggregate_stats(answers: Sequence[ReplicaAnswer]) -> dict[str, Any]:
     }
 
 
-def pick_owner_answer(answers: Sequence[ReplicaAnswer]) -> tuple[int, dict[str, Any]]:
+def pick_owner_answer(answers: Sequence[ReplicaAnswer]) -> FrontAnswer:
     """A fanned-out task/stage `done`: the owners answer 2xx, the others 404. Status and body
     for the client: the first 2xx; else the first non-404 error (an owner's refusal, such as
     409 for a closed task); else, if some replica did not answer, 502: the outcome is unknown,
@@ -190,15 +197,15 @@ def pick_owner_answer(answers: Sequence[ReplicaAnswer]) -> tuple[int, dict[str, 
     silent = [a.url for a in answers if a.status is None]
     if silent:
         known = "no replica that answered knows the task" if len(silent) < len(answers) else "no replica answered"
-        return 502, _server_error(f"outcome unknown: {known}, and {', '.join(silent)} did not answer "
-                                  "(the task may be theirs); retry once they answer", summary)
+        return FrontAnswer(502, _server_error(f"outcome unknown: {known}, and {', '.join(silent)} did not answer "
+                                              "(the task may be theirs); retry once they answer", summary))
     return _relayed(answers[0], summary)
 
 
-def _relayed(answer: ReplicaAnswer, summary: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+def _relayed(answer: ReplicaAnswer, summary: list[dict[str, Any]]) -> FrontAnswer:
     """One replica's answer as the front's, with every replica's status listed."""
     body = dict(answer.body) if isinstance(answer.body, Mapping) else {"detail": answer.body}
-    return int(answer.status or 502), {**body, "replicas": summary}
+    return FrontAnswer(int(answer.status or 502), {**body, "replicas": summary})
 
 
 def _server_error(message: str, summary: list[dict[str, Any]]) -> dict[str, Any]:
@@ -206,14 +213,15 @@ def _server_error(message: str, summary: list[dict[str, Any]]) -> dict[str, Any]
             "replicas": summary}
 
 
-def no_replica_served(answers: Sequence[ReplicaAnswer], what: str) -> tuple[int, dict[str, Any]] | None:
+def no_replica_served(answers: Sequence[ReplicaAnswer], what: str) -> FrontAnswer | None:
     """503 for a fanned-out read that no replica served (down, hung or 5xx): an empty
     aggregate would read as a real answer ("no workflows", "no samples"). None otherwise."""
     if any(a.ok for a in answers):
         return None
     summary = [a.brief() for a in answers]
-    return 503, {"error": {"message": f"no replica answered {what}: see replicas", "type": "service_unavailable",
-                           "param": None, "code": None}, "replicas": summary}
+    return FrontAnswer(503, {"error": {"message": f"no replica answered {what}: see replicas",
+                                       "type": "service_unavailable", "param": None, "code": None},
+                             "replicas": summary})
 
 
 def missing_replicas(answers: Sequence[ReplicaAnswer]) -> list[str]:
@@ -221,7 +229,7 @@ def missing_replicas(answers: Sequence[ReplicaAnswer]) -> list[str]:
     return [a.url for a in answers if not a.ok]
 
 
-def client_error(answers: Sequence[ReplicaAnswer]) -> tuple[int, dict[str, Any]] | None:
+def client_error(answers: Sequence[ReplicaAnswer]) -> FrontAnswer | None:
     """A fanned-out read that no replica served because the request itself is wrong (a bad
     query, missing credentials): every replica that answered said 4xx. Status and body of the
     first such answer, with the replicas listed; None when some replica served it, or none
@@ -233,10 +241,10 @@ def client_error(answers: Sequence[ReplicaAnswer]) -> tuple[int, dict[str, Any]]
         return None
     first = refused[0]
     body = dict(first.body) if isinstance(first.body, Mapping) else {"detail": first.body}
-    return first.status, {**body, "replicas": [a.brief() for a in answers]}
+    return FrontAnswer(first.status, {**body, "replicas": [a.brief() for a in answers]})
 
 
-def pick_registration_answer(answers: Sequence[ReplicaAnswer]) -> tuple[int, dict[str, Any]]:
+def pick_registration_answer(answers: Sequence[ReplicaAnswer]) -> FrontAnswer:
     """A fanned-out workflow registration: a refusal (4xx/5xx) wins; else 201 if any replica
     created it, 200 if all had it; unreachable replicas are listed (the front replays the
     registration on them when they restart). A refusal next to acceptances is a split: the
@@ -250,12 +258,12 @@ def pick_registration_answer(answers: Sequence[ReplicaAnswer]) -> tuple[int, dic
         if oks:
             body["error"] = {**_error_fields(body), "message": split_message(oks, refused, body)}
             body["split"] = {"accepted": [a.url for a in oks], "refused": [a.url for a in refused]}
-        return status, body
+        return FrontAnswer(status, body)
     if not oks:
-        return 502, _server_error("no replica answered", summary)
+        return FrontAnswer(502, _server_error("no replica answered", summary))
     body = dict(oks[0].body) if isinstance(oks[0].body, Mapping) else {}
     body["created"] = any(a.status == 201 for a in oks)
-    return (201 if body["created"] else 200), {**body, "replicas": summary}
+    return FrontAnswer(201 if body["created"] else 200, {**body, "replicas": summary})
 
 
 def _error_fields(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -371,13 +371,13 @@ def _stats_view(raw: Sequence[ReplicaAnswer], restarts: int, full: bool) -> Resp
 def _none_served(answers: Sequence[ReplicaAnswer], what: str) -> JSONResponse | None:
     """503 when no replica served a fanned-out read (`no_replica_served`)."""
     down = no_replica_served(answers, what)
-    return None if down is None else JSONResponse(down[1], status_code=down[0])
+    return None if down is None else JSONResponse(down.body, status_code=down.status)
 
 
 def _refused(answers: Sequence[ReplicaAnswer]) -> JSONResponse | None:
     """The replicas' 4xx when every one that answered refused the request (`client_error`)."""
     refused = client_error(answers)
-    return None if refused is None else JSONResponse(refused[1], status_code=refused[0])
+    return None if refused is None else JSONResponse(refused.body, status_code=refused.status)
 
 
 def _error(status: int, message: str, code: str | None = None) -> JSONResponse:
