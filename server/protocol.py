@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -44,12 +44,32 @@ _SAMPLING_TYPES: dict[str, TypeAdapter] = {
     "presence_penalty": TypeAdapter(float), "seed": TypeAdapter(int), "stop": TypeAdapter(str | list[str]),
 }
 _INT = TypeAdapter(int)
-_SAMPLING_RANGES: dict[str, tuple[float, float | None, bool]] = {
-    "temperature": (0.0, None, True),
-    "top_p": (0.0, 1.0, False),
-    "frequency_penalty": (-2.0, 2.0, True),
-    "presence_penalty": (-2.0, 2.0, True),
+
+
+class SamplingRange(NamedTuple):
+    """A sampling parameter's accepted values: from `low` (itself accepted when `low_ok`) to
+    `high` (None: no upper bound), as OpenAI's API takes them."""
+
+    low: float
+    high: float | None
+    low_ok: bool
+
+
+_SAMPLING_RANGES: dict[str, SamplingRange] = {
+    "temperature": SamplingRange(0.0, None, True),
+    "top_p": SamplingRange(0.0, 1.0, False),
+    "frequency_penalty": SamplingRange(-2.0, 2.0, True),
+    "presence_penalty": SamplingRange(-2.0, 2.0, True),
 }
+
+
+class CommonFields(NamedTuple):
+    """What chat and completion bodies share, checked."""
+
+    model: str | None
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +222,7 @@ def _check_sampling(body: Mapping[str, Any]) -> None:
             raise bad_request(f"'{key}' must be a finite number in {where}, got {short_repr(raw)}", key)
 
 
-def _common(body: Any) -> tuple[str | None, int | None, bool, bool]:
+def _common(body: Any) -> CommonFields:
     if not isinstance(body, Mapping):
         raise bad_request("request body must be a JSON object")
     _check_sampling(body)
@@ -212,7 +232,7 @@ def _common(body: Any) -> tuple[str | None, int | None, bool, bool]:
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or len(model) > MAX_MODEL_CHARS):
         raise bad_request(f"'model' must be a string of at most {MAX_MODEL_CHARS} characters", "model")
-    return (model, _max_tokens(body), *_stream_flags(body))
+    return CommonFields(model, _max_tokens(body), *_stream_flags(body))
 
 
 def parse_chat(body: Any) -> ParsedCall:
