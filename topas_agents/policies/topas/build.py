@@ -29,8 +29,8 @@ def build_context(snap: Snapshot, cfg: TopasConfig, credits: CreditStore, profil
     ctx = Context(snap, cfg, credits, profiles, paths)
     if caches is not None:
         ctx.caches = caches
-    ctx.age_scale_s = profiles.stage_scale(scales[0])
-    ctx.horizon_s = snap_to_grid(cfg.horizon * profiles.request_scale(scales[1]))
+    ctx.age_scale_s = profiles.stage_scale(scales.stage_s)
+    ctx.horizon_s = snap_to_grid(cfg.horizon * profiles.request_scale(scales.request_s))
     ctx.quantum_s = max(ctx.horizon_s, 1e-6)
     ctx.prefix = {p.agent: p for p in snap.prefixes}
     ctx.tokens = {p.agent: p.tokens for p in snap.prefixes}

@@ -19,7 +19,7 @@ from .paper_occupancy import reserve_head
 from .paper_pack import Index, better, rival_pack
 from .paper_search import Choice, search
 from .paper_value import RequestService, TaskValue, aging, imminence, reuse_counts, single_value, task_value
-from .profiles import ServiceProfiles, prior_scales
+from .profiles import PriorCache, PriorScales, ServiceProfiles
 
 
 class Valuation(NamedTuple):
@@ -61,7 +61,7 @@ class TopasPaperPolicy:
         self.request_service = RequestService()
         self.credits: dict[str, float] = {}  # lambda_r of requests seen running after our admit
         self.pending: dict[str, float] = {}  # credits of emitted admissions, not yet seen running
-        self._h_prior: tuple[object, tuple[float, float]] | None = None
+        self._h_prior = PriorCache()
         self.last_states = None  # the StateSet of the last decision (diagnostics, tests)
         # option rivals: the baselines decide on every snapshot (their queues stay synced)
         self._rivals = (ParrotFCFS(), LPM()) if self.config.rivals else ()
@@ -108,21 +108,18 @@ class TopasPaperPolicy:
             elif rid not in waiting:
                 del self.pending[rid]
 
-    def _priors(self, snap: Snapshot) -> tuple[float, float]:
-        key = (tuple(sorted(snap.workflows)), snap.profile)
-        if self._h_prior is None or self._h_prior[0] != key:
-            self._h_prior = (key, prior_scales(snap))
-        return self._h_prior[1]
+    def _priors(self, snap: Snapshot) -> PriorScales:
+        return self._h_prior.get(snap)
 
     def h_age(self, snap: Snapshot) -> float:
         """H_age: observed mean stage service; before any completion the profiled mean."""
-        return self.profiles.stage_scale(self._priors(snap)[0])
+        return self.profiles.stage_scale(self._priors(snap).stage_s)
 
     def horizon_s(self, snap: Snapshot) -> float:
         """Option `horizon`: the cap on D_r (0 when off)."""
         if self.config.horizon <= 0.0:
             return 0.0
-        return self.config.horizon * self.profiles.request_scale(self._priors(snap)[1])
+        return self.config.horizon * self.profiles.request_scale(self._priors(snap).request_s)
 
     def index(self, snap: Snapshot) -> Index:
         """Everything one decision needs: groups, l_a, and the valuation of every request."""
@@ -136,13 +133,13 @@ class TopasPaperPolicy:
                    val.service, credit, counts, _pinned(snap) if cfg.pin_finishing else frozenset(),
                    uncapped=val.uncapped)
         if cfg.backfill > 0.0:
-            ix.reservation = reserve_head(ix, self.profiles.request_scale(self._priors(snap)[1]))
+            ix.reservation = reserve_head(ix, self.profiles.request_scale(self._priors(snap).request_s))
         return ix
 
     def _imminent(self, snap: Snapshot, val: Valuation) -> Callable[[str, str], float]:
         """Option reuse_imminence: a running stage's release weighs g x P(it ends within the
         horizon): option horizon's cap, or the mean request service when that is off."""
-        h = self.horizon_s(snap) or self.profiles.request_scale(self._priors(snap)[1])
+        h = self.horizon_s(snap) or self.profiles.request_scale(self._priors(snap).request_s)
 
         def imminent(task_id: str, stage: str) -> float:
             value = val.values.get(task_id)

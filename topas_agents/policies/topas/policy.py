@@ -11,7 +11,7 @@ from .context import Context
 from .guard import work_conserving
 from .longest_path import PathEstimator
 from .occupancy import reserve_head
-from .profiles import ServiceProfiles, prior_scales
+from .profiles import PriorCache, PriorScales, ServiceProfiles
 from .search import Choice, better, rival_choice, search
 from .terms import CreditStore
 
@@ -25,7 +25,7 @@ class TopasPolicy:
         self.profiles = ServiceProfiles(self.config)
         self.paths = PathEstimator(self.profiles)
         self.credits = CreditStore()
-        self._scales: tuple[object, tuple[float, float]] | None = None
+        self._priors = PriorCache()
         self.caches = DecisionCaches()  # valuations carried across decisions (caches.py)
         # TopasConfig.rivals: the baselines decide on every snapshot (their queues stay synced)
         self._rivals = (ParrotFCFS(), LPM()) if self.config.rivals else ()
@@ -56,11 +56,8 @@ class TopasPolicy:
             return NOOP
         return self._emit(ctx, choice)
 
-    def _prior(self, snap: Snapshot) -> tuple[float, float]:
-        key = (tuple(sorted(snap.workflows)), snap.profile)
-        if self._scales is None or self._scales[0] != key:
-            self._scales = (key, prior_scales(snap))
-        return self._scales[1]
+    def _prior(self, snap: Snapshot) -> PriorScales:
+        return self._priors.get(snap)
 
     def _emit(self, ctx: Context, choice: Choice) -> Decision:
         pack, k = choice.pack, choice.k

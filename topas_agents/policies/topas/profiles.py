@@ -15,6 +15,7 @@ from __future__ import annotations
 import zlib
 from collections import deque
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -158,8 +159,15 @@ def remaining_service_s(req: RequestView, snap: Snapshot) -> float:
     return prof.prefill_s(req.input_tokens + req.generated, req.prefix_tokens) + decode
 
 
-def prior_scales(snap: Snapshot) -> tuple[float, float]:
-    """(mean stage service, mean request service) predicted by the profile, for cold start."""
+class PriorScales(NamedTuple):
+    """Mean service of a stage and of a request, predicted by the profile, for cold start."""
+
+    stage_s: float
+    request_s: float
+
+
+def prior_scales(snap: Snapshot) -> PriorScales:
+    """The profile's prediction before any history (the two were easy to swap as a pair)."""
     stages = rounds = 0.0
     n = 0
     for wf in snap.workflows.values():
@@ -169,9 +177,26 @@ def prior_scales(snap: Snapshot) -> tuple[float, float]:
             rounds += s / st.requests.mean
             n += 1
     if n:
-        return stages / n, rounds / n
+        return PriorScales(stages / n, rounds / n)
     reqs = snap.waiting + snap.running
     if not reqs:
-        return 1.0, 1.0
+        return PriorScales(1.0, 1.0)
     mean = sum(remaining_service_s(r, snap) for r in reqs[:_PRIOR_SAMPLE]) / min(_PRIOR_SAMPLE, len(reqs))
-    return mean, mean
+    return PriorScales(mean, mean)
+
+
+class PriorCache:
+    """`prior_scales` of the snapshot's workflows and profile, recomputed only when they change
+    (both policies keep one; it was a (key, value) pair in each)."""
+
+    __slots__ = ("_key", "_value")
+
+    def __init__(self) -> None:
+        self._key: object = None
+        self._value: PriorScales | None = None
+
+    def get(self, snap: Snapshot) -> PriorScales:
+        key = (tuple(sorted(snap.workflows)), snap.profile)
+        if self._value is None or self._key != key:
+            self._key, self._value = key, prior_scales(snap)
+        return self._value
