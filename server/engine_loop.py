@@ -15,6 +15,8 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -23,6 +25,10 @@ from .api_errors import ApiError
 
 log = logging.getLogger("topas.server")
 T = TypeVar("T")
+# An advance that holds the loop this long is logged (a client notices half a second), at most
+# once per SLOW_WARNING_EVERY_S: a slow policy would otherwise log at every decision.
+SLOW_ADVANCE_S = 0.5
+SLOW_WARNING_EVERY_S = 60.0
 
 
 class EngineLoop:
@@ -44,6 +50,7 @@ class EngineLoop:
         self._wall0 = 0.0
         self._sim0 = 0.0
         self.failure: BaseException | None = None
+        self._last_slow_warning = -math.inf
 
     @property
     def max_sleep_s(self) -> float:
@@ -119,13 +126,25 @@ class EngineLoop:
     def _advance(self) -> None:
         if self.failure is not None:
             return
+        started = time.perf_counter()
         try:
             self.engine.advance(max(self.target_now(), self.engine.now))
         except Exception as exc:  # an engine or policy bug: fail loudly, keep serving errors
             log.exception("engine failed")
             self.failure = exc
             self._guarded(lambda e=exc: self._on_failure(e))
+        self._warn_if_slow(time.perf_counter() - started)
         self._guarded(self._after_advance)
+
+    def _warn_if_slow(self, held_s: float) -> None:
+        """The engine (its policy's decisions, mostly) runs on the event loop: say so when it
+        held the loop long enough for every client to notice, at most once a minute."""
+        now = time.monotonic()
+        if held_s >= SLOW_ADVANCE_S and now - self._last_slow_warning >= SLOW_WARNING_EVERY_S:
+            self._last_slow_warning = now
+            log.warning("the engine held the event loop for %.2f s (policy decisions run on it: a slow policy "
+                        "delays every call and /health; topas_decision_latency_seconds shows each decision)",
+                        held_s)
 
     def _run_commands(self) -> None:
         for _ in range(len(self._cmds)):

@@ -312,3 +312,27 @@ def test_an_idle_keep_alive_connection_outlives_the_clients_own_expiry() -> None
     finally:
         conn.close()
         handle.stop()
+
+
+def test_an_engine_that_holds_the_event_loop_is_logged_once(caplog) -> None:
+    # a slow policy's decisions run on the event loop: every call and /health wait, silently
+    import logging
+
+    from test_server_fake import FakeEngine
+
+    from topas_agents.server import engine_loop
+
+    class Slow(FakeEngine):
+        def advance(self, until: float) -> None:
+            time.sleep(0.6)
+            super().advance(until)
+
+    async def run() -> None:
+        loop = engine_loop.EngineLoop(Slow(), 1.0)
+        for _ in range(3):
+            loop._advance()
+
+    with caplog.at_level(logging.WARNING, logger="topas.server"):
+        asyncio.run(run())
+    slow = [r for r in caplog.records if "held the event loop" in r.getMessage()]
+    assert len(slow) == 1 and "topas_decision_latency_seconds" in slow[0].getMessage()
