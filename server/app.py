@@ -341,7 +341,7 @@ def _add_topas_routes(app: FastAPI, svc: SimService, fits: Callable[[Workflow], 
     @app.post("/v1/topas/tasks/{target:path}")
     async def done(request: Request, target: str) -> dict[str, Any]:
         task_id, stage = done_target(request.scope.get("raw_path"), target)
-        outcome = done_outcome(request.query_params.get("outcome"), stage)
+        outcome = done_outcome(request.query_params.getlist("outcome"), stage)
         if stage is None:
             return await svc.task_done(task_id, _tenant(request), failed=outcome == "failed")
         return await svc.stage_done(task_id, stage, _tenant(request))
@@ -351,16 +351,18 @@ _DONE_PREFIX = b"/v1/topas/tasks/"
 DoneOutcome = Literal["ok", "failed"]
 
 
-def done_outcome(value: str | None, stage: str | None) -> DoneOutcome:
-    """A task's done call may say how the task ended: `?outcome=ok` (the default) or
+def done_outcome(values: list[str], stage: str | None) -> DoneOutcome:
+    """A task's done call may say how the task ended, once: `?outcome=ok` (the default) or
     `?outcome=failed` (no JCT: a run that raised or was interrupted is no finished task)."""
-    if value is None or value == "ok":
+    if not values:
         return "ok"
-    if value != "failed":
-        raise bad_request(f"outcome must be 'ok' or 'failed', got {value[:100]!r}", "outcome")
+    if len(values) > 1:
+        raise bad_request(f"outcome given {len(values)} times: give it once", "outcome")
     if stage is not None:
         raise bad_request("outcome applies to a task's done call, not to a stage's", "outcome")
-    return "failed"
+    if values[0] not in ("ok", "failed"):
+        raise bad_request(f"outcome must be 'ok' or 'failed', got {values[0][:100]!r}", "outcome")
+    return "failed" if values[0] == "failed" else "ok"
 
 
 def done_target(raw_path: bytes | None, decoded: str) -> tuple[str, str | None]:

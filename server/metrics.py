@@ -207,8 +207,9 @@ class ServiceCollector(Collector):
         if self.state.jct_hooked:
             yield self.state.jct.hist.family("task_jct_seconds", "Task job completion time by registered "
                                              "workflow (simulated seconds; each conclusion, reopened tasks again)")
-            yield _counter("tasks_reopened", "Concluded tasks reopened by a later call (their JCT was observed "
-                           "and is observed again when they end)", tracker.reopens_total)
+            yield _counter("tasks_reopened", "Concluded tasks whose JCT was taken back: reopened by a later call "
+                           "(observed again when they end) or marked failed after they concluded",
+                           tracker.reopens_total)
         yield _gauge("tasks_active", "Tasks not yet done", len(tracker.active))
 
 

@@ -290,8 +290,11 @@ def test_a_task_the_client_says_failed_ends_without_a_jct(server, client) -> Non
     assert httpx.post(f"{base}/fine-1/done").json()["done_reason"] == "explicit"
     r = httpx.post(f"{base}/fine-1/done", params={"outcome": "maybe"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "outcome"
-    r = httpx.post(f"{base}/fine-1/stages/think/done", params={"outcome": "failed"})
-    assert r.status_code == 400 and "not to a stage" in r.json()["error"]["message"]
+    for outcome in ("failed", "ok"):
+        r = httpx.post(f"{base}/fine-1/stages/think/done", params={"outcome": outcome})
+        assert r.status_code == 400 and "not to a stage" in r.json()["error"]["message"]
+    r = httpx.post(f"{base}/fine-1/done?outcome=failed&outcome=ok")  # the last one won, silently
+    assert r.status_code == 400 and "2 times" in r.json()["error"]["message"]
 
 
 _SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? '

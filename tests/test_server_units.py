@@ -342,7 +342,10 @@ def test_a_task_the_client_says_failed_has_no_jct() -> None:
     tr.task_done("g", 5.0, 5.0, failed=True)
     assert (tr.finished["g"].done_reason, tr.finished["g"].jct_s, tr.jct_count, tr.jct_sum, tr.failed) == (
         "failed", None, 0, 0.0, 2)
-    assert [c.task_id for c in tr.jcts] == []
+    assert [c.task_id for c in tr.jcts] == [] and tr.reopens_total == 1  # the histogram saw it: counted
+    # closed like a task marked done: a further call is refused (it reopened the task)
+    with pytest.raises(TaskClosedError):
+        tr.check_call("f", "chain3")
     # a task that never had a finished call stays abandoned, whatever the done call says
     tr.commit_call("h", "s1", wf, "chain3", False, 0.0, 0.0)
     tr.end_call("h", "s1", False, 1.0, 1.0)

@@ -141,7 +141,7 @@ class TaskTracker:
         task = self.active.get(task_id) or self.finished.get(task_id)
         if task is None:
             return None, None
-        if task.closing or task.done_reason == "explicit":
+        if task.closing or task.done_reason in ("explicit", "failed"):  # the client said it is over
             raise TaskClosedError(f"task '{task_id}' was marked done; use a new task_id")
         if task.workflow_name != workflow_name:
             raise TaskWorkflowMismatchError(
@@ -260,10 +260,13 @@ class TaskTracker:
         if task.task_id not in self.active:
             if task.done_reason in NO_JCT:
                 return []  # already without a JCT
-            if failed:  # concluded by inference, then failed in the client: take its JCT back
+            if failed:  # concluded by inference, then failed in the client: take its JCT back,
+                # counted with the reopened ones (the JCT histogram observed it: count - reopened
+                # stays the number of tasks with a JCT)
                 self.jct_count -= 1
                 self.jct_sum -= task.jct_s or 0.0
                 self._forget_jct(task_id)
+                self.reopens_total += 1
                 task.done_reason, task.failed = "failed", True
                 self.failed += 1
                 return []

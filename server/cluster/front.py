@@ -316,7 +316,7 @@ class Front:
         path, task_id = target.path, target.task_id
         if len(task_id) > MAX_LABEL_CHARS:  # no replica has it (and 70000 characters overflowed httpx's URL limit)
             raise ApiError(404, f"unknown task '{task_id[:300]}'", "task_id")  # a replica's words
-        if done_outcome(request.query_params.get("outcome"), target.stage) == "failed":
+        if done_outcome(request.query_params.getlist("outcome"), target.stage) == "failed":
             path += "?outcome=failed"  # the owner ends it without a JCT
         status, body = pick_owner_answer(await self.fan_out(request, "POST", path))
         return JSONResponse(body, status_code=status)
