@@ -189,3 +189,36 @@ def test_the_log_folder_outlives_the_cluster_only_when_it_may_be_needed(tmp_path
         if failing:
             raise RuntimeError("smg exited")
     assert not gateway.alive() and logs.exists() == kept and handle.logs_kept == kept
+
+
+def test_smg_is_restarted_while_a_replica_restart_waits_and_pause_keeps_what_was_restarted(tmp_path):
+    # one thread did both: smg, dead while a replica's restart waited startup_timeout_s for it
+    # to answer (SGLang: ~40 s), stayed down as long; and stopping the supervisor before the
+    # front's drain ended its thread, whose children (PR_SET_PDEATHSIG) died with it
+    sleeper = (sys.executable, "-c", "import time; time.sleep(120)")
+    config = ClusterConfig(replicas=1, restart=RestartPolicy(backoff_initial_s=0.0, poll_interval_s=0.05),
+                           startup_timeout_s=30)
+    replicas = [start_child("replica-1", sleeper, log_dir=tmp_path)]
+    box = [start_child(GATEWAY, sleeper, log_dir=tmp_path)]
+    watch = GatewayWatch(current=lambda: box[0], replace=lambda child: box.__setitem__(0, child), argv=sleeper, env={})
+    sup = Supervisor(config, replicas, log_dir=tmp_path, argv=lambda i, extra: sleeper, env=lambda i: {},
+                     gateway=watch)
+    sup.start()
+    try:
+        old_replica, old_gateway = replicas[0], box[0]
+        old_replica.kill()
+        deadline = time.monotonic() + 10
+        while replicas[0] is old_replica and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert replicas[0] is not old_replica  # restarted; never healthy: its restart waits 30 s
+        old_gateway.kill()
+        deadline = time.monotonic() + 10
+        while box[0] is old_gateway and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert box[0] is not old_gateway and box[0].alive()  # not after the replica's 30 s
+        sup.pause()
+        time.sleep(0.5)
+        assert box[0].alive() and replicas[0].alive()  # paused: what it restarted still runs
+    finally:
+        stop_children([*replicas, *box], 2.0)
+        sup.stop()

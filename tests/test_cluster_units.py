@@ -156,6 +156,14 @@ def test_aggregate_reads_the_replicas_as_one_server():
     assert x["done"] and x["done_reason"] == "idle" and x["jct_s"] == pytest.approx(3.0)
     assert x["stages"] == {"s1": {"calls": 3, "done": True}}
     assert len(view["calls"]) == 2
+    # a part that failed fails the split task: no JCT, counted as failed and not as done
+    b["tasks"]["items"][0]["done_reason"] = "failed"
+    view = aggregate_stats([ReplicaAnswer("u1", 200, a), ReplicaAnswer("u2", 200, b)])
+    [x] = view["tasks"]["items"]
+    assert (x["done_reason"], x["jct_s"]) == ("failed", None)
+    counts = view["cluster"]["tasks"]
+    assert (counts["seen"], counts["done"], counts["failed"], counts["abandoned"]) == (1, 0, 1, 0)
+    assert view["cluster"]["jct"]["count"] == 0
 
 
 def test_fan_out_answers():
@@ -536,8 +544,8 @@ def test_front_rewrites_a_big_body_off_the_event_loop():
     import httpx
     from starlette.testclient import TestClient
 
-    from topas_agents.server.cluster import front as front_mod
     from topas_agents.server.cluster.front import build_front
+    from topas_agents.server.cluster.requests import OFFLOAD_BYTES
 
     seen: list[bytes] = []
 
@@ -558,7 +566,7 @@ def test_front_rewrites_a_big_body_off_the_event_loop():
         return rewrite(*args)
 
     front._rewritten = recording
-    big = "x" * (front_mod.OFFLOAD_BYTES + 1)
+    big = "x" * (OFFLOAD_BYTES + 1)
     with TestClient(app) as client:
         for content in ("small", big):
             r = client.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": content}]},
@@ -580,7 +588,7 @@ def test_a_relay_whose_client_left_before_the_body_closes_the_upstream_response(
 
     from starlette.requests import ClientDisconnect
 
-    from topas_agents.server.cluster.front import _RelayResponse
+    from topas_agents.server.cluster.relay import RelayResponse
 
     class Upstream:
         closed = False
@@ -607,6 +615,51 @@ def test_a_relay_whose_client_left_before_the_body_closes_the_upstream_response(
 
     for spec in ("2.4", "2.3"):  # 2.3: Starlette's disconnect listener cancels the stream task
         upstream = Upstream()
-        response = _RelayResponse(body(), upstream, status_code=200)
+        response = RelayResponse(body(), upstream, status_code=200)
         asyncio.run(asyncio.wait_for(relay(spec), 10))
         assert upstream.closed, spec
+
+
+def test_a_call_that_finds_smg_without_workers_waits_for_them():
+    # a restarted smg listens before it has registered its workers and answers 404
+    # model_not_found: calls arriving then got it (and the client wrapper does not retry a 404)
+    import httpx
+    from starlette.testclient import TestClient
+
+    from topas_agents.server.cluster.front import build_front
+
+    answers = [404, 404, 200]
+    seen: list[int] = []
+
+    def smg(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "sim"}]})
+        status = answers.pop(0) if answers else 404
+        seen.append(status)
+        if status == 404:
+            return httpx.Response(404, json={"error": {"code": "model_not_found", "message": "No worker available"}})
+        return httpx.Response(200, stream=httpx.ByteStream(b'{"ok": true}'))
+
+    app = build_front(ClusterConfig(replicas=2))
+    app.state.front.client = httpx.AsyncClient(transport=httpx.MockTransport(smg))
+    msg = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(app) as client:
+        r = client.post("/v1/chat/completions", json=msg)
+        assert r.status_code == 200 and r.json() == {"ok": True} and seen == [404, 404, 200]
+        # another 404 is relayed at once, body and all
+        answers[:] = []
+        app.state.front.client = httpx.AsyncClient(transport=httpx.MockTransport(
+            lambda req: httpx.Response(200, json={"data": [{"id": "sim"}]}) if req.url.path == "/v1/models"
+            else httpx.Response(404, json={"error": {"code": "not_found", "message": "no such route"}})))
+        r = client.post("/v1/chat/completions", json=msg)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_no_call_waits_for_a_gateway_the_supervisor_gave_up_on():
+    from topas_agents.server.cluster.front import Front
+    from topas_agents.server.cluster.supervisor import GATEWAY, RestartEvent
+
+    front = Front(ClusterConfig(replicas=2))
+    assert front._gateway_wait_s() == 15.0
+    front.restart_events = [RestartEvent(GATEWAY, None, 3, "gave_up", -9, 1, None, 0, "left down", 0.0)]
+    assert front._gateway_wait_s() == 0.0  # every call waited 15 s for a 502

@@ -170,7 +170,12 @@ def aggregate_stats(answers: Sequence[ReplicaAnswer]) -> dict[str, Any]:
             "calls_by_status": _sum_counters([(s.get("requests") or {}).get("calls_by_status") or {}
                                               for s in bodies]),
             "in_flight": sum(int((s.get("requests") or {}).get("in_flight") or 0) for s in bodies),
-            "tasks": {"seen": len(tasks), "done": sum(1 for t in tasks.values() if t["done"]),
+            # as one server counts them: `done` has a JCT; a task that ended without one is
+            # `failed` (the client said so) or `abandoned` (no call finished), not done
+            "tasks": {"seen": len(tasks), "done": sum(1 for t in tasks.values() if t["jct_s"] is not None),
+                      "failed": sum(1 for t in tasks.values() if t["done"] and t.get("done_reason") == "failed"),
+                      "abandoned": sum(1 for t in tasks.values()
+                                       if t["done"] and t.get("done_reason") == "abandoned"),
                       "split": len(split), "split_ids": split[:100]},
             "jct": _jct(tasks),
             "clock_skew_s": (max(clocks) - min(clocks)) if clocks else None,

@@ -20,20 +20,20 @@ import json
 import threading
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from topas_agents.labels import MAX_LABEL_CHARS
 from topas_agents.server.api_errors import ApiError, bad_request, shutting_down
 from topas_agents.server.app import done_outcome
-from topas_agents.server.bodies import CLIENT_GONE, done_before_client_left, parse_json_body, read_body
+from topas_agents.server.bodies import CLIENT_GONE, done_before_client_left, read_body
 from topas_agents.server.tenancy import EXEMPT_PATHS, authenticate_scope, tenant_ids
 
 from .aggregate import (
@@ -51,6 +51,7 @@ from .aggregate import (
 from .commands import cluster_api_key
 from .config import ROUTE_KEY_HEADER, ClusterConfig
 from .drain import RelayDrain
+from .relay import RelayedCall, RelayResponse, get_from_gateway, post_to_gateway, rewrite_call
 from .requests import (
     CALLS_PROBLEM,
     MAX_CALL_BODY_BYTES,
@@ -58,44 +59,13 @@ from .requests import (
     MAX_WORKFLOW_BODY_BYTES,
     OFFLOAD_BYTES,
     done_path,
-    label_into_metadata,
-    lift_label,
-    route_key,
-    route_key_header,
 )
-from .supervisor import Registration, RestartEvent
+from .supervisor import GATEWAY, Registration, RestartEvent
 
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
         "transfer-encoding", "upgrade", "host", "content-length"}
 # Set by the front's own HTTP server on every response: relayed from smg too, they came twice.
 _UPSTREAM_ONLY = {"date", "server"}
-# How often a call that found smg down tries to connect again (smg starts in about a second).
-_GATEWAY_RETRY_S = 0.2
-
-class RelayedCall(NamedTuple):
-    """A call's body as the front sends it to smg, and its routing-key header value."""
-
-    body: bytes
-    route_key: bytes | None
-
-
-class _RelayResponse(StreamingResponse):
-    """smg's answer relayed; the upstream response is closed however the relay ends. A client
-    that left before the body's first chunk had its stream task cancelled before the body
-    generator started, so the generator's own cleanup never ran: the pooled connection to smg
-    stayed taken and the replica's call ran to its end."""
-
-    def __init__(self, content: AsyncIterator[bytes], upstream: httpx.Response, **kw: Any) -> None:
-        super().__init__(content, **kw)
-        self._upstream = upstream
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._upstream.aclose()
-
-
 class Front:
     """The front's state: the cluster layout, one HTTP client, the served model id."""
 
@@ -185,44 +155,26 @@ class Front:
         except httpx.HTTPError as exc:
             return _error(502, f"gateway unreachable: {type(exc).__name__}: {exc}")
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP | _UPSTREAM_ONLY}
-        return _RelayResponse(self.drain.body(resp), resp, status_code=resp.status_code, headers=out_headers)
+        return RelayResponse(self.drain.body(resp), resp, status_code=resp.status_code, headers=out_headers)
 
     def _rewritten(self, raw: bytes, headers: Mapping[str, str], path: str, model: str | None) -> RelayedCall:
-        """The call as smg gets it: the label lifted into the body (smg drops X-Topas-*), its
-        routing key, and the served model's name. A body that is not an object goes as sent
-        (the replica answers the 400)."""
-        body = parse_json_body(raw)
-        if not isinstance(body, dict):
-            return RelayedCall(raw, None)
-        label = lift_label(body, headers)
-        key = route_key(label, self.config.router_policy)
-        if path == "/v1/responses" and label is not None:
-            label_into_metadata(body)
-        if model is not None:
-            body["model"] = model
-        return RelayedCall(json.dumps(body).encode(), route_key_header(key) if key is not None else None)
+        return rewrite_call(raw, headers, path, model, self.config.router_policy)
+
+    def _gateway_wait_s(self) -> float:
+        """How long a call waits for a restarting smg: none once the supervisor gave up on it."""
+        gave_up = any(e.process == GATEWAY and e.outcome == "gave_up" for e in list(self.restart_events))
+        return self.config.restart.gateway_wait_s if self.config.restart.enabled and not gave_up else 0.0
 
     async def _to_gateway(self, path: str, raw: bytes, headers: list[tuple[bytes, bytes]]) -> httpx.Response:
-        """POST to smg. A refused connection sent nothing, so it is safe to try again: while the
-        supervisor restarts a dead smg (`RestartPolicy.gateway_wait_s`) the call waits for it
-        instead of failing with a 502 that only the client's one retry could absorb."""
-        loop = asyncio.get_running_loop()
-        restart = self.config.restart
-        deadline = loop.time() + (restart.gateway_wait_s if restart.enabled else 0.0)
-        while True:
-            upstream = self.http.build_request("POST", self.config.smg_url + path, content=raw, headers=headers)
-            try:
-                return await self.http.send(upstream, stream=True)
-            except httpx.ConnectError:
-                if self.drain.draining or loop.time() + _GATEWAY_RETRY_S > deadline:
-                    raise
-            await asyncio.sleep(_GATEWAY_RETRY_S)
+        return await post_to_gateway(self.http, self.config.smg_url + path, raw, headers, self._gateway_wait_s(),
+                                     lambda: self.drain.draining)
 
     async def models(self, request: Request) -> Response:
         """`/v1/models` and `/v1/models/{id}` (openai's models.retrieve), as smg answers them."""
         path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path  # id as sent
-        try:
-            r = await self.http.get(f"{self.config.smg_url}{path}", timeout=5.0)
+        try:  # as calls do, it waits for a restarting smg
+            r = await get_from_gateway(self.http, f"{self.config.smg_url}{path}", self._gateway_wait_s(),
+                                       lambda: self.drain.draining)
         except httpx.HTTPError as exc:
             return _error(502, f"gateway unreachable: {exc}")
         return Response(r.content, status_code=r.status_code, media_type="application/json")

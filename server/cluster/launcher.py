@@ -83,12 +83,14 @@ class ClusterHandle:
         if self._stopped:
             return
         self._stopped = True
-        if self.supervisor is not None:  # first: no replica is restarted while they stop
-            self.supervisor.stop()
+        if self.supervisor is not None:  # first: nothing is restarted while they stop
+            self.supervisor.pause()
         if self._front is not None and self._thread is not None:
             self._front.should_exit = True
             self._thread.join(self.config.drain_timeout_s + _FRONT_EXIT_SLACK_S)
         stop_children(self.children, _FORCED_STOP_S if self._forced else self.config.stop_timeout_s)
+        if self.supervisor is not None:  # last: the children it restarted die with its threads
+            self.supervisor.stop()
         if self.temporary_logs and not keep_logs and not self.restarts:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 

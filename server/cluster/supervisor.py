@@ -102,17 +102,33 @@ class Supervisor:
         self._history: dict[str, list[float]] = {}  # process name -> monotonic restart times
         self._given_up: set[str] = set()
         self._stop = threading.Event()
+        self._released = threading.Event()
         self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._loop, name="topas-supervisor", daemon=True)
+        # smg has a thread of its own: a replica's restart waits up to startup_timeout_s for
+        # it to answer (SGLang: about 40 s), and smg, dead meanwhile, waited with it
+        self._threads = [threading.Thread(target=self._loop, args=(self._replica_pass,), name="topas-supervisor",
+                                          daemon=True)]
+        if gateway is not None:
+            self._threads.append(threading.Thread(target=self._loop, args=(self._gateway_pass,),
+                                                  name="topas-supervisor-smg", daemon=True))
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
+
+    def pause(self) -> None:
+        """Stop restarting anything, and keep the threads: a child they started is SIGTERMed
+        when its starting thread ends (PR_SET_PDEATHSIG), and a cluster stopping after a
+        restart lost the new smg before the front's drain (a stream in flight was cut)."""
+        self._stop.set()
 
     def stop(self) -> None:
-        """Stop watching (before the cluster stops its children, so none is restarted)."""
+        """Stop watching and end the threads: after the cluster has stopped the children."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        self._released.set()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join()
 
     def wait_for(self, count: int, timeout_s: float) -> list[RestartEvent]:
         """Block until at least `count` events happened or `timeout_s` passed; the events."""
@@ -128,12 +144,18 @@ class Supervisor:
 
     # ------------------------------------------------------------------ the loop
 
-    def _loop(self) -> None:
+    def _loop(self, one_pass: Callable[[], None]) -> None:
         while not self._stop.wait(self.config.restart.poll_interval_s):
-            for i, child in enumerate(list(self.replicas), start=1):
-                self._watch(child, i, lambda dead, i=i: self._recover_replica(i, dead))
-            if self._gateway is not None:
-                self._watch(self._gateway.current(), None, self._recover_gateway)
+            one_pass()
+        self._released.wait()  # the children this thread started live as long as it does (pause)
+
+    def _replica_pass(self) -> None:
+        for i, child in enumerate(list(self.replicas), start=1):
+            self._watch(child, i, lambda dead, i=i: self._recover_replica(i, dead))
+
+    def _gateway_pass(self) -> None:
+        assert self._gateway is not None
+        self._watch(self._gateway.current(), None, self._recover_gateway)
 
     def _watch(self, child: Child, replica: int | None, recover: Callable[[Child], None]) -> None:
         if self._stop.is_set() or child.name in self._given_up or child.alive():
