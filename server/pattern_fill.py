@@ -35,15 +35,19 @@ class _Unbuildable(Exception):
     pass
 
 
-def pattern_example(pattern: object, max_chars: int) -> str | None:
-    """A string of at most `max_chars` that `pattern` matches; None when there is none here."""
+def pattern_example(pattern: object, max_chars: int, min_chars: int = 0) -> str | None:
+    """A string of at most `max_chars` that `pattern` matches, its repeats run past their
+    minimum while it is shorter than `min_chars` (a `minLength` beside the pattern: `[a-z]+`
+    built "a" for a minimum of 3); None when there is none here."""
     if not isinstance(pattern, str) or len(pattern) > MAX_PATTERN_CHARS:
         return None
     try:
         tree = sre.parse(pattern)
     except (re.error, RecursionError, OverflowError, ValueError, TypeError):
         return None
-    builder = _Builder(max_chars)
+    if tree.state.flags & re.IGNORECASE:  # a negated class or character would need both cases
+        return None
+    builder = _Builder(max_chars, min_chars)
     try:
         builder.emit(tree)
     except (_Unbuildable, RecursionError):
@@ -52,15 +56,19 @@ def pattern_example(pattern: object, max_chars: int) -> str | None:
 
 
 class _Builder:
-    def __init__(self, max_chars: int) -> None:
+    def __init__(self, max_chars: int, min_chars: int = 0) -> None:
         self.max_chars = max_chars
+        self.min_chars = min_chars
         self.out: list[str] = []
         self.groups: dict[int, str] = {}
         self.steps = 0
 
+    def length(self) -> int:
+        return sum(map(len, self.out))
+
     def put(self, text: str) -> None:
         self.out.append(text)
-        if sum(map(len, self.out)) > self.max_chars:
+        if self.length() > self.max_chars:
             raise _Unbuildable
 
     def emit(self, items: object) -> None:
@@ -76,11 +84,18 @@ class _Builder:
             elif name == "IN":
                 self.put(_class_char(av))
             elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-                low, _, sub = av
+                low, high, sub = av
                 if low > self.max_chars:
                     raise _Unbuildable
                 for _ in range(low):
                     self.emit(sub)
+                count = low
+                while count < high and self.length() < self.min_chars:  # stretched towards minLength
+                    before = self.length()
+                    self.emit(sub)
+                    count += 1
+                    if self.length() == before:  # the repeated part builds nothing
+                        break
             elif name == "SUBPATTERN":
                 start = len("".join(self.out))
                 self.emit(av[-1])

@@ -19,6 +19,9 @@ from .pattern_fill import pattern_example
 MAX_SCHEMA_DEPTH = 12
 MAX_SCHEMA_NODES = 2000
 MAX_ARRAY_ITEMS = 4
+# A tuple's positions are all required (a 6-position tuple cut to 4 failed validation); past
+# this many (a schema is client input) the node budget bounds the work anyway.
+MAX_TUPLE_ITEMS = 64
 MAX_STRING_CHARS = 256
 # A `const`/`default`/`enum` literal is copied into the arguments only up to this size (JSON
 # characters; a generated placeholder replaces a bigger one), and all copied literals of one
@@ -168,22 +171,24 @@ class _SchemaFiller:
         n = max(0, min(int(_finite(schema.get("minItems")) or 0), MAX_ARRAY_ITEMS))
         items = schema.get("items", {})
         prefix = schema.get("prefixItems", items if isinstance(items, list) else [])
-        prefix = prefix[:MAX_ARRAY_ITEMS] if isinstance(prefix, list) else []
+        prefix = prefix[:MAX_TUPLE_ITEMS] if isinstance(prefix, list) else []
         rest = items if isinstance(items, Mapping) else {}
         return [self.value(sub, depth + 1) for sub in prefix] + \
             [self.value(rest, depth + 1) for _ in range(n - len(prefix))]
 
     @staticmethod
     def _string(schema: Mapping[str, Any]) -> str:
-        """A format's example, else a string the `pattern` matches, else "example"; padded or cut
-        to the length bounds (a pattern's string is left as built: padding would break it)."""
-        text = _FORMAT_EXAMPLES.get(str(schema.get("format")))
-        patterned = text is None and (text := pattern_example(schema.get("pattern"), MAX_STRING_CHARS)) is not None
-        text = "example" if text is None else text
-        if patterned:
-            return text
+        """A format's example, else a string the `pattern` matches within the length bounds,
+        else "example" padded or cut to them (padding would break a pattern's string)."""
         shortest = min(int(_finite(schema.get("minLength")) or 0), MAX_STRING_CHARS)
         longest = _finite(schema.get("maxLength"))
+        text = _FORMAT_EXAMPLES.get(str(schema.get("format")))
+        if text is None:  # a pattern's repeats stretched to minLength, within maxLength
+            limit = MAX_STRING_CHARS if longest is None else max(0, min(int(longest), MAX_STRING_CHARS))
+            built = pattern_example(schema.get("pattern"), limit, shortest)
+            if built is not None and len(built) >= shortest:
+                return built
+        text = "example" if text is None else text
         text = text.ljust(shortest, "x")
         return text[: max(0, int(longest))] if longest is not None and longest < len(text) else text
 
@@ -199,15 +204,13 @@ class _SchemaFiller:
         step = step if step is not None and step > 0 else (1.0 if integer else None)
 
         def fits(x: float) -> bool:
-            return low.below(x) and high.above(x)
+            return math.isfinite(x) and low.below(x) and high.above(x) and (not integer or float(x).is_integer())
 
         if step is not None:  # the multiples of the step: 0, else the first past each bound
             candidates = [0.0]
-            if low.value is not None:
-                k = math.ceil(low.value / step)
+            if low.value is not None and (k := _steps(low.value, step, math.ceil)) is not None:
                 candidates.append((k + 1 if low.exclusive and k * step <= low.value else k) * step)
-            if high.value is not None:
-                k = math.floor(high.value / step)
+            if high.value is not None and (k := _steps(high.value, step, math.floor)) is not None:
                 candidates.append((k - 1 if high.exclusive and k * step >= high.value else k) * step)
         else:
             candidates = [0.0]
@@ -216,8 +219,19 @@ class _SchemaFiller:
                                   (low.value + high.value) / 2 if high.value is not None else low.value + 1)
             if high.value is not None:
                 candidates.append(high.value if not high.exclusive else high.value - 1)
-        x = next((c for c in candidates if fits(c)), candidates[-1])  # none fits: the range is empty
+        # none fits: the range is empty (or too fine for a float); the last finite candidate
+        x = next((c for c in candidates if fits(c)), next(c for c in reversed(candidates) if math.isfinite(c)))
         return int(round(x)) if integer else x
+
+
+def _steps(value: float, step: float, rounding: Any) -> int | None:
+    """`rounding(value / step)`, None when that is not a finite number (1e10 / 1e-300: the
+    bound cannot be met on that grid by any float the reply could carry)."""
+    ratio = value / step
+    if not math.isfinite(ratio):
+        return None
+    k = int(rounding(ratio))
+    return k if math.isfinite(k * step) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -313,3 +313,27 @@ def test_sglang_gets_its_key_in_an_owner_only_config_file(tmp_path):
         user.write_text(text)
         with pytest.raises(ConfigError, match=match):
             move_api_key_to_config([*cmd, "--config", str(user)], tmp_path / "c")
+
+
+def test_a_path_is_never_read_as_a_built_in_name(tmp_path):
+    # "/x/gpu" loaded /x/gpu.yaml (the built-in lookup joined a path onto the built-in folder)
+    from topas_agents.costmodel import load_profile
+    from topas_agents.errors import ConfigError, WorkflowError
+    from topas_agents.workflow import load_workflow
+
+    (tmp_path / "gpu.yaml").write_text(BASE_PROFILE)
+    with pytest.raises(ConfigError, match="unknown profile"):
+        load_profile(str(tmp_path / "gpu"))
+    (tmp_path / "wf.yaml").write_text((Path(__file__).parent.parent / "datasets" / "workloads" / "chain3.yaml").read_text())
+    with pytest.raises(WorkflowError, match="unknown workflow"):
+        load_workflow(str(tmp_path / "wf"))
+
+
+def test_a_file_system_without_a_name_limit_refuses_no_name(tmp_path, monkeypatch):
+    # pathconf's -1 (no fixed limit) made every name "too long"
+    import os
+
+    from topas_agents.cli.args import check_output
+
+    monkeypatch.setattr(os, "pathconf", lambda path, name: -1)
+    check_output("--json", tmp_path / "r.json")

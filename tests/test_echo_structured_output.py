@@ -209,3 +209,20 @@ def test_a_pattern_is_built_not_matched() -> None:
         assert pattern_example(pattern, 256) is None
     # the placeholder then: a pattern never costs a match against client input (`(a+)+$`)
     assert json.loads(schema_value({"type": "string", "pattern": "^(?=x)y"})) == "example"
+    assert pattern_example("(?i)[^a-z]", 256) is None  # "A" would not match: no case-folded build
+
+
+class Bounded(BaseModel):
+    """Found by review: a pattern's string ignored minLength, a 6-position tuple was cut to 4,
+    and a tiny multipleOf beside a big bound was an OverflowError (a 500)."""
+
+    slug: str = Field(pattern="^[a-z0-9_-]+$", min_length=3)
+    six: tuple[int, int, int, int, int, int]
+
+
+def test_pattern_length_and_tuple_bounds_hold_and_no_number_is_a_500() -> None:
+    Bounded.model_validate_json(schema_value(Bounded.model_json_schema()))
+    for spec in ({"type": "number", "minimum": 1e10, "multipleOf": 1e-300},
+                 {"type": "integer", "maximum": -1e300, "multipleOf": 1e-10},
+                 {"type": "number", "multipleOf": 1e308, "minimum": 1}):
+        assert math.isfinite(json.loads(schema_value(spec)))

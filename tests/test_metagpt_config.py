@@ -163,6 +163,11 @@ def test_cli_config_home_patches_the_winning_file(tmp_path, capsys, monkeypatch)
     assert data["repair_llm_output"] is True  # other keys kept
     assert data["llm"] == {"api_type": "openai", "base_url": "http://127.0.0.1:7/v1", "api_key": "sk-home",
                            "model": "gpt-4"}
+    # a home file without a key gets the placeholder: nothing to warn about, then or later
+    home_file.write_text("llm:\n  api_type: openai\n  base_url: https://home.example/v1\n  model: gpt-4\n")
+    for _ in range(2):
+        assert main(["metagpt", "config", "--base-url", "http://127.0.0.1:7/v1", "--home"]) == 0
+        assert "keeps its api_key" not in capsys.readouterr().err
 
 
 def _metagpt_default_llm(tmp_path: Path, root: Path, home: Path) -> dict:

@@ -352,6 +352,8 @@ def test_a_task_the_client_says_failed_has_no_jct() -> None:
     tr.expire_idle(30.0, 30.0)
     tr.task_done("h", 31.0, 31.0, failed=True)
     assert (tr.finished["h"].done_reason, tr.abandoned, tr.failed) == ("abandoned", 1, 2)
+    with pytest.raises(TaskClosedError):  # the client closed it: no reuse (a later call reopened it)
+        tr.check_call("h", "chain3")
 
 
 @settings(max_examples=60, deadline=None)

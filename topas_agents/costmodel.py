@@ -148,7 +148,7 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE, **overrides: Any) -
     path = Path(name_or_path)
     if path.suffix.lower() not in (".yaml", ".yml"):  # as workflows: any suffix's case, any file
         builtin = _PROFILE_DIR / f"{name_or_path}.yaml"
-        if builtin.exists():
+        if len(path.parts) == 1 and builtin.exists():  # a bare name; "/x/gpu" read /x/gpu.yaml
             path = builtin
         elif not path.is_file():
             raise ConfigError(

@@ -78,6 +78,7 @@ class TaskState:
     last_finish_s: float | None = None
     closing: bool = False  # explicit task done, waiting for in-flight calls
     failed: bool = False  # the done call said the task failed
+    closed_by_client: bool = False  # a done call came: later calls are refused (409)
     done_reason: DoneReason | None = None
     finish_s: float | None = None
     reopened: int = 0
@@ -141,7 +142,7 @@ class TaskTracker:
         task = self.active.get(task_id) or self.finished.get(task_id)
         if task is None:
             return None, None
-        if task.closing or task.done_reason in ("explicit", "failed"):  # the client said it is over
+        if task.closing or task.closed_by_client:  # the client said it is over
             raise TaskClosedError(f"task '{task_id}' was marked done; use a new task_id")
         if task.workflow_name != workflow_name:
             raise TaskWorkflowMismatchError(
@@ -257,6 +258,7 @@ class TaskTracker:
     def task_done(self, task_id: str, now_s: float, now_wall: float, failed: bool = False) -> list[Action]:
         """The client says the task is over; `failed`: it failed (no JCT, counted in `failed`)."""
         task = self._known(task_id)
+        task.closed_by_client = True  # whatever it ended as: an abandoned task stayed open to reuse
         if task.task_id not in self.active:
             if task.done_reason in NO_JCT:
                 return []  # already without a JCT

@@ -94,7 +94,7 @@ def load_workflow(name_or_path: str | Path) -> Workflow:
     path = Path(name_or_path)
     if path.suffix.lower() not in (".yaml", ".yml"):
         builtin = builtin_workflow_dir() / f"{name_or_path}.yaml"
-        if builtin.exists():
+        if len(path.parts) == 1 and builtin.exists():  # a bare name; "/x/wf" read /x/wf.yaml
             path = builtin
         elif not path.is_file():  # any other existing file is read as YAML (JSON included)
             known = ", ".join([*builtin_workflows(), *DERIVED_WORKFLOWS])

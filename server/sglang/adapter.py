@@ -44,6 +44,9 @@ from .snapshot import ViewCache, build_snapshot
 from .tasks import RequestBook
 
 logger = logging.getLogger(__name__)
+# After a policy failure SGLang schedules on its own at least this long, whatever redecide_s
+# (0 is allowed there): a failing policy asked at every scheduler pass flooded the log.
+FALLBACK_MIN_S = 0.5
 
 
 class DecisionLog:
@@ -286,10 +289,10 @@ class Adapter:
         except Exception as exc:
             self.stats["decision_errors"] += 1
             self._admit = ()
-            self._fallback_until = now + self.config.redecide_s
+            self._fallback_until = now + max(self.config.redecide_s, FALLBACK_MIN_S)
             if self.stats["decision_errors"] <= 10 or self.stats["decision_errors"] % 100 == 0:
                 logger.error("topas: policy %r failed (%s: %s); SGLang schedules on its own for %g s",
-                             self.config.policy, type(exc).__name__, exc, self.config.redecide_s)
+                             self.config.policy, type(exc).__name__, exc, max(self.config.redecide_s, FALLBACK_MIN_S))
             self.log_event("error", error=f"{type(exc).__name__}: {exc}")
             return False
         self.book.consume_events(len(snap.events))

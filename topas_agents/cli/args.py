@@ -147,8 +147,9 @@ def _try_writing(existing: Path, file: Path | None, new_names: Sequence[str]) ->
     /proc, and a 300-character name passed it too; both failed after the run, losing its
     output. Leaves nothing: an existing file is opened for appending and closed, a probe
     folder is made in `existing` and removed."""
-    name_max = os.pathconf(existing, "PC_NAME_MAX")
-    if any(len(os.fsencode(name)) > name_max for name in new_names):
+    pathconf = getattr(os, "pathconf", None)  # POSIX; a limit of -1 or 0 means none is fixed
+    name_max = pathconf(existing, "PC_NAME_MAX") if pathconf is not None else 0
+    if name_max > 0 and any(len(os.fsencode(name)) > name_max for name in new_names):
         raise OSError(errno.ENAMETOOLONG, f"a file or folder name is longer than {name_max} bytes")
     if file is not None:
         with open(file, "ab"):

@@ -52,6 +52,7 @@ def _shown(llm: dict[str, Any]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from ..integrations.metagpt.config_file import (
+        DEFAULT_API_KEY,
         config_path,
         home_config_path,
         home_overrides,
@@ -63,11 +64,13 @@ def run(args: argparse.Namespace) -> int:
         check_api_key(args.api_key)  # MetaGPT's openai client would fail on it at its first call
     home = home_config_path()
     if args.home:
+        before = read_config_file(home).get("llm") if home.exists() else None
+        kept = before.get("api_key") if isinstance(before, dict) else None
         path = write_config_file(home, args.base_url, model=args.model, api_key=args.api_key)
         llm = read_config_file(path)["llm"]
         out = {"config": str(path), "llm": _shown(llm), "effective": True}
         print(json.dumps(out, indent=2))
-        if args.api_key is None and llm.get("api_key"):  # the user's own provider key, most likely
+        if args.api_key is None and kept and kept != DEFAULT_API_KEY:  # the user's own provider key, most likely
             print(f"warning: {path} keeps its api_key ({_shown(llm)['api_key']}), and MetaGPT now sends it to "
                   f"{args.base_url} with every call; give --api-key (the Topas server's key, or any text for "
                   "a server without one) to replace it", file=sys.stderr)

@@ -90,14 +90,8 @@ class ForecastConfig:
                  bench of it took 16 minutes). 10,000 is above every built-in workload
                  (coding-waves: 79 calls a task, 9,500 a trace) and every suite workflow
                  measured (at most 29 calls a task, suite seeds 0-8 on the A100 and H100
-                 profiles), so their forecasts are the same as without the bound.
- its first tasks
-                 (at least MIN_FORECAST_TASKS). A forecast's cost grows with its calls, and
-                 120 tasks of a 200-stage workflow made each forecast take minutes (a 20-task
-                 bench of it took 16 minutes). 10,000 is above every built-in workload
-                 (coding-waves: 79 calls a task, 9,500 a trace) and every suite workflow
-                 measured (at most 29 calls a task, suite seeds 0-8 on the A100 and H100
-                 profiles), so their forecasts are the same as without the bound.
+                 profiles), so their forecasts are the same as without the bound (with
+                 `tasks` above about 125, coding-waves traces are cut).
     margin       another policy replaces the running one only when its score is lower by
                  this fraction (hysteresis: a tie never switches, noise rarely does). 0.01,
                  inside the contract's 2% tolerance: at 0.03 (until this release) the guard
