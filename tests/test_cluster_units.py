@@ -109,7 +109,7 @@ def test_aggregate_merges_split_tasks():
                             ReplicaAnswer("u3", None, None, "refused")])
     c = view["cluster"]
     assert c["replicas_up"] == 2 and c["calls_by_status"] == {"ok": 6} and c["queues"]["running"] == 4
-    assert c["tasks"] == {"seen": 2, "done": 2, "split": 1, "split_ids": ["x"]}
+    assert c["tasks"] == {"seen": 2, "done": 2, "failed": 0, "abandoned": 0, "split": 1, "split_ids": ["x"]}
     # replica 1's clock reads 1 s behind replica 2's at the same instant: its times move by
     # +1 s, so x runs from 1.5 (replica 2) to 5.0 (replica 2; replica 1's part ends at 3.0)
     assert c["jct"]["count"] == 2 and c["jct"]["mean_s"] == pytest.approx((3.5 + 4.0) / 2)
