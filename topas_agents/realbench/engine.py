@@ -93,6 +93,7 @@ def start_sglang(policy: str, model_path: str, wf: Workflow, kv_tokens: int, eng
                               host="127.0.0.1", port=port, log_level=None,
                               model_path=str(Path(model_path).resolve()))  # the server runs in `work`
     config = launch.build_config(args, {})
+    launch.check_workflows_fit(config, ["--max-total-tokens", str(kv_tokens)])  # as `topas serve` does
     cmd = launch.build_command(args, ["--", "--max-total-tokens", str(kv_tokens), *engine_args])
     with open(work / "server.log", "w") as out:
         proc = subprocess.Popen(cmd, env=launch.build_env(config), cwd=work, stdout=out,
