@@ -8,6 +8,7 @@ from topas_agents.cli import main
 from topas_agents.costmodel import load_profile
 from topas_agents.errors import ConfigError, WorkflowError
 from topas_agents.policies import forecast_run, make_policy
+from topas_agents.policies.forecast_run import JctPair
 from topas_agents.workflow import load_workflow, parse_workflow
 
 CHAIN = {"name": "t", "agents": [{"name": "a", "prefix_tokens": 256}],
@@ -60,7 +61,7 @@ def test_overflowing_option_values_are_refused(policy, option, value):
 
 def test_forecast_scores_survive_a_zero_reference():
     # every task of a trace finishing in no clock time: a ZeroDivisionError ended the run
-    runs = [{"topas-core": (0.0, 0.0), "fcfs": (0.0, 0.0), "lpm": (1.0, 2.0)}]
+    runs = [{"topas-core": JctPair(0.0, 0.0), "fcfs": JctPair(0.0, 0.0), "lpm": JctPair(1.0, 2.0)}]
     scores = forecast_run._regret_scores(runs, ("fcfs", "lpm"))
     assert scores["topas-core"] == scores["fcfs"] == 1.0 and scores["lpm"] == float("inf")
 

@@ -14,6 +14,7 @@ from topas_agents.costmodel import load_profile
 from topas_agents.errors import ConfigError
 from topas_agents.policies import close_policy, forecast_run, make_live_policy, make_policy
 from topas_agents.policies import forecast as fc
+from topas_agents.policies.forecast_run import JctPair
 from topas_agents.sim.driver import make_trace, simulate
 from topas_agents.workflow import load_workflow as builtin_workflow
 
@@ -181,8 +182,8 @@ def test_a_forecast_trading_mean_for_p99_is_a_loss_by_default(monkeypatch):
     """The default score is the contract's: Topas 10% behind Parrot's mean JCT and 10% ahead of
     its p99 loses by 1.1x, so the guard runs Parrot. The combined score (the mean of the two
     ratios to Topas: 1.01 for Parrot) keeps Topas."""
-    runs = {"topas-core": (110.0, 180.0), "fcfs": (150.0, 260.0), "lpm": (130.0, 220.0),
-            "parrot": (100.0, 200.0), "las": (160.0, 300.0), "spf": (120.0, 240.0)}
+    runs = {"topas-core": JctPair(110.0, 180.0), "fcfs": JctPair(150.0, 260.0), "lpm": JctPair(130.0, 220.0),
+            "parrot": JctPair(100.0, 200.0), "las": JctPair(160.0, 300.0), "spf": JctPair(120.0, 240.0)}
     monkeypatch.setattr(forecast_run, "_simulate_trace", lambda job, i, seed: {p: runs[p] for p in job.policies})
     guard = make_policy("topas", {"forecast_first": "4"})
     _run(guard, tasks=6)
@@ -220,8 +221,8 @@ def test_scores_combined_and_regret_on_hand_computed_runs():
     regret: each metric's ratio to the best candidate (lpm, parrot), averaged over traces,
     then the larger of the two."""
     inf = float("inf")
-    runs = [{"topas-core": (100.0, 200.0), "lpm": (90.0, 240.0), "parrot": (110.0, 180.0)},
-            {"topas-core": (100.0, 200.0), "lpm": (80.0, 220.0), "parrot": (inf, inf)}]
+    runs = [{"topas-core": JctPair(100.0, 200.0), "lpm": JctPair(90.0, 240.0), "parrot": JctPair(110.0, 180.0)},
+            {"topas-core": JctPair(100.0, 200.0), "lpm": JctPair(80.0, 220.0), "parrot": JctPair(inf, inf)}]
     combined = forecast_run._combined_scores(runs, "topas-core")
     assert combined["topas-core"] == 1.0
     assert combined["lpm"] == pytest.approx(((0.9 + 1.2) / 2 + (0.8 + 1.1) / 2) / 2)
@@ -232,7 +233,7 @@ def test_scores_combined_and_regret_on_hand_computed_runs():
     assert regret["lpm"] == pytest.approx(max(1.0, (240 / 180 + 1.0) / 2))
     assert regret["parrot"] == inf
     # Every candidate failed on a trace: its reference is the best run there (topas).
-    assert forecast_run._regret_scores([{"topas-core": (10.0, 20.0), "lpm": (inf, inf)}], ("lpm",))["topas-core"] == 1.0
+    assert forecast_run._regret_scores([{"topas-core": JctPair(10.0, 20.0), "lpm": JctPair(inf, inf)}], ("lpm",))["topas-core"] == 1.0
     with pytest.raises(ConfigError, match="forecast score"):
         make_policy("topas", {"forecast_score": "best"})
     assert make_policy("topas", {"forecast_score": "regret"}).config.score == "regret"

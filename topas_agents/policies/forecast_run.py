@@ -27,6 +27,13 @@ if TYPE_CHECKING:
 MIN_FORECAST_TASKS = 16
 
 
+class JctPair(NamedTuple):
+    """One simulated run's mean and p99 JCT (seconds); infinities where it failed."""
+
+    mean: float
+    p99: float
+
+
 class Rate(NamedTuple):
     """An arrival rate (tasks/s) and the number of gaps it was estimated from."""
 
@@ -129,13 +136,13 @@ def run_forecast(job: ForecastJob) -> dict[str, float]:
     return _combined_scores(runs, job.policies[0])
 
 
-def _simulate_trace(job: ForecastJob, i: int, seed: int) -> dict[str, tuple[float, float]]:
-    """Trace `i`: policy -> (mean JCT, p99 JCT), infinities where the simulation failed."""
+def _simulate_trace(job: ForecastJob, i: int, seed: int) -> dict[str, JctPair]:
+    """Trace `i`: policy -> its JCTs, infinities where the simulation failed."""
     from ..sim.driver import simulate
 
     trace = bounded_trace(forecast_trace(job.workflows, trace_rates(job.rates, i, job.config), job.config.tasks,
                                          seed), job.config.max_calls)
-    runs: dict[str, tuple[float, float]] = {}
+    runs: dict[str, JctPair] = {}
     for name in job.policies:
         options = job.topas_options if name == job.policies[0] else None
         if job.config.switch == "modelled" and job.stints:
@@ -145,42 +152,42 @@ def _simulate_trace(job: ForecastJob, i: int, seed: int) -> dict[str, tuple[floa
         try:
             run = simulate(trace, policy, job.profile, kv_budget=job.kv_budget, host_tier=job.profile.host_tier)
         except TopasError:
-            runs[name] = (np.inf, np.inf)
+            runs[name] = JctPair(np.inf, np.inf)
             continue
-        runs[name] = (run.mean_jct, run.p99_jct)
+        runs[name] = JctPair(run.mean_jct, run.p99_jct)
     return runs
 
 
-def _reference(runs: Mapping[str, tuple[float, float]], names: tuple[str, ...]) -> tuple[float, float]:
+def _reference(runs: Mapping[str, JctPair], names: tuple[str, ...]) -> JctPair:
     """Each metric's best over `names`; over every run where none of `names` finished."""
-    mean = min(runs[n][0] for n in names)
-    p99 = min(runs[n][1] for n in names)
+    mean = min(runs[n].mean for n in names)
+    p99 = min(runs[n].p99 for n in names)
     if not np.isfinite(mean):
-        mean = min(m for m, _ in runs.values())
-        p99 = min(p for _, p in runs.values())
-    return mean, p99
+        mean = min(r.mean for r in runs.values())
+        p99 = min(r.p99 for r in runs.values())
+    return JctPair(mean, p99)
 
 
-def _combined_scores(runs: list[dict[str, tuple[float, float]]], topas: str) -> dict[str, float]:
+def _combined_scores(runs: list[dict[str, JctPair]], topas: str) -> dict[str, float]:
     """Per trace the mean of mean-JCT and p99-JCT ratios to Topas, averaged over traces."""
     ratios: dict[str, list[float]] = {p: [] for p in runs[0]}
     for trace in runs:
-        ref_mean, ref_p99 = _reference(trace, (topas,))
-        for name, (mean, p99) in trace.items():
-            ratios[name].append(0.5 * (_ratio(mean, ref_mean) + _ratio(p99, ref_p99)))
+        ref = _reference(trace, (topas,))
+        for name, run in trace.items():
+            ratios[name].append(0.5 * (_ratio(run.mean, ref.mean) + _ratio(run.p99, ref.p99)))
     return {name: float(np.mean(v)) for name, v in ratios.items()}
 
 
-def _regret_scores(runs: list[dict[str, tuple[float, float]]], candidates: tuple[str, ...]) -> dict[str, float]:
+def _regret_scores(runs: list[dict[str, JctPair]], candidates: tuple[str, ...]) -> dict[str, float]:
     """The larger of the mean-JCT and p99-JCT ratios to each metric's best candidate, each
     ratio averaged over the traces first (the contract: per metric, averaged over seeds)."""
     means: dict[str, list[float]] = {p: [] for p in runs[0]}
     p99s: dict[str, list[float]] = {p: [] for p in runs[0]}
     for trace in runs:
-        ref_mean, ref_p99 = _reference(trace, candidates)
-        for name, (mean, p99) in trace.items():
-            means[name].append(_ratio(mean, ref_mean))
-            p99s[name].append(_ratio(p99, ref_p99))
+        ref = _reference(trace, candidates)
+        for name, run in trace.items():
+            means[name].append(_ratio(run.mean, ref.mean))
+            p99s[name].append(_ratio(run.p99, ref.p99))
     return {name: float(max(np.mean(means[name]), np.mean(p99s[name]))) for name in means}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...errors import ConfigError
 
@@ -100,27 +100,34 @@ class TopasConfig:
 MAX_SIZE_WEIGHT = 16.0
 MAX_BETA = 1e6
 
-# field -> (kind, minimum, maximum); None means unbounded
-_LIMITS: dict[str, tuple[type, float, float | None]] = {
-    "beta": (float, 0.0, MAX_BETA),
-    "rho": (float, 0.0, None),
-    "enum_agents": (int, 0, 16),
-    "k_admit": (int, 1, None),
-    "k_preempt": (int, 0, None),
-    "samples": (int, 1, 4096),
-    "history": (int, 1, 100_000),
-    "refresh": (int, 1, None),
-    "horizon": (float, 1e-6, None),
-    "width": (int, 1, 64),
-    "max_additions": (int, 1, 1024),
-    "size_weight": (float, 0.0, MAX_SIZE_WEIGHT),
-    "work_floor": (float, 0.0, 1.0),
-    "kv_exp": (float, 0.0, 2.0),
-    "block": (float, 0.0, None),
-    "backfill": (float, 0.0, None),
-    "advance": (float, 0.0, None),
-    "rivals": (int, 0, 1),
-    "seed": (int, 0, None),
+class OptionLimit(NamedTuple):
+    """What an option accepts: its kind and its range (`hi` None: unbounded above)."""
+
+    kind: type
+    lo: float
+    hi: float | None
+
+
+_LIMITS: dict[str, OptionLimit] = {
+    "beta": OptionLimit(float, 0.0, MAX_BETA),
+    "rho": OptionLimit(float, 0.0, None),
+    "enum_agents": OptionLimit(int, 0, 16),
+    "k_admit": OptionLimit(int, 1, None),
+    "k_preempt": OptionLimit(int, 0, None),
+    "samples": OptionLimit(int, 1, 4096),
+    "history": OptionLimit(int, 1, 100_000),
+    "refresh": OptionLimit(int, 1, None),
+    "horizon": OptionLimit(float, 1e-6, None),
+    "width": OptionLimit(int, 1, 64),
+    "max_additions": OptionLimit(int, 1, 1024),
+    "size_weight": OptionLimit(float, 0.0, MAX_SIZE_WEIGHT),
+    "work_floor": OptionLimit(float, 0.0, 1.0),
+    "kv_exp": OptionLimit(float, 0.0, 2.0),
+    "block": OptionLimit(float, 0.0, None),
+    "backfill": OptionLimit(float, 0.0, None),
+    "advance": OptionLimit(float, 0.0, None),
+    "rivals": OptionLimit(int, 0, 1),
+    "seed": OptionLimit(int, 0, None),
 }
 assert set(_LIMITS) == {f.name for f in dataclasses.fields(TopasConfig)}
 
@@ -142,7 +149,7 @@ def option_number(kind: type, value: Any) -> int | float:
     return out
 
 
-def _convert(name: str, value: Any, limits: dict[str, tuple[type, float, float | None]] | None = None) -> Any:
+def _convert(name: str, value: Any, limits: dict[str, OptionLimit] | None = None) -> Any:
     kind, lo, hi = (limits or _LIMITS)[name]
     try:
         out = option_number(kind, value)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ...errors import ConfigError
-from .config import MAX_BETA, MAX_SIZE_WEIGHT, TopasConfig, _convert
+from .config import MAX_BETA, MAX_SIZE_WEIGHT, OptionLimit, TopasConfig, _convert
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,36 +155,36 @@ TOPAS_OPTIONS: dict[str, float | int] = {
     "prefetch": 1, "reuse_imminence": 1,
 }
 
-_PAPER_LIMITS: dict[str, tuple[type, float, float | None]] = {
-    "M": (int, 0, 16),
-    "K": (int, 0, None),
-    "beta": (float, 0.0, MAX_BETA),
-    "rho": (float, 0.0, None),
-    "samples": (int, 1, 4096),
-    "exact_rows": (int, 1, 65536),
-    "history": (int, 1, 100_000),
-    "seed": (int, 0, None),
-    "horizon": (float, 0.0, None),
-    "work_floor": (float, 0.0, 1.0),
-    "size_weight": (float, 0.0, MAX_SIZE_WEIGHT),
-    "kv_exp": (float, 0.0, 2.0),
-    "redo_prefill": (int, 0, 1),
-    "pin_finishing": (int, 0, 1),
-    "k_preempt": (int, 0, None),
-    "forfeit": (int, 0, 2),
-    "keep_idle": (int, 0, 1),
-    "prefetch": (int, 0, 1),
-    "block": (float, 0.0, None),
-    "backfill": (float, 0.0, None),
-    "advance": (float, 0.0, None),
-    "drop_incumbent": (int, 0, 1),
-    "smith_move": (int, 0, 1),
-    "reserve_first": (int, 0, None),
-    "reuse_imminence": (int, 0, 1),
-    "width": (int, 0, None),
-    "max_additions": (int, 0, None),
-    "rivals": (int, 0, 1),
-    "work_conserving": (int, 0, 1),
+_PAPER_LIMITS: dict[str, OptionLimit] = {
+    "M": OptionLimit(int, 0, 16),
+    "K": OptionLimit(int, 0, None),
+    "beta": OptionLimit(float, 0.0, MAX_BETA),
+    "rho": OptionLimit(float, 0.0, None),
+    "samples": OptionLimit(int, 1, 4096),
+    "exact_rows": OptionLimit(int, 1, 65536),
+    "history": OptionLimit(int, 1, 100_000),
+    "seed": OptionLimit(int, 0, None),
+    "horizon": OptionLimit(float, 0.0, None),
+    "work_floor": OptionLimit(float, 0.0, 1.0),
+    "size_weight": OptionLimit(float, 0.0, MAX_SIZE_WEIGHT),
+    "kv_exp": OptionLimit(float, 0.0, 2.0),
+    "redo_prefill": OptionLimit(int, 0, 1),
+    "pin_finishing": OptionLimit(int, 0, 1),
+    "k_preempt": OptionLimit(int, 0, None),
+    "forfeit": OptionLimit(int, 0, 2),
+    "keep_idle": OptionLimit(int, 0, 1),
+    "prefetch": OptionLimit(int, 0, 1),
+    "block": OptionLimit(float, 0.0, None),
+    "backfill": OptionLimit(float, 0.0, None),
+    "advance": OptionLimit(float, 0.0, None),
+    "drop_incumbent": OptionLimit(int, 0, 1),
+    "smith_move": OptionLimit(int, 0, 1),
+    "reserve_first": OptionLimit(int, 0, None),
+    "reuse_imminence": OptionLimit(int, 0, 1),
+    "width": OptionLimit(int, 0, None),
+    "max_additions": OptionLimit(int, 0, None),
+    "rivals": OptionLimit(int, 0, 1),
+    "work_conserving": OptionLimit(int, 0, 1),
 }
 assert set(_PAPER_LIMITS) == {f.name for f in dataclasses.fields(PaperConfig)}
 
