@@ -327,8 +327,8 @@ def _add_topas_routes(app: FastAPI, svc: SimService, fits: Callable[[Workflow], 
             async with upload_parses:
                 wf = await asyncio.to_thread(_parse_checked_upload, text, fits)
         tenant = _tenant(request)
-        warnings = svc.registry.agent_conflicts(wf, tenant)
-        new = svc.registry.add(wf, tenant, len(raw))  # on the loop: registration never races
+        added = await svc.register_workflow(wf, tenant, len(raw))
+        warnings, new = added.warnings, added.created
         body: dict[str, Any] = {"name": wf.name, "created": new, "stages": [s.name for s in wf.stages],
                                 "agents": {a.name: a.prefix_tokens for a in wf.agents}}
         if warnings:

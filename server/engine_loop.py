@@ -3,10 +3,16 @@
 The engine's clock follows `now_sim = sim0 + (wall - wall0) * time_scale`. The loop advances
 the engine to the current target, runs queued commands (closures over the engine: submit,
 cancel, stats...), then sleeps until the engine's next event or a new command. Everything
-that touches the engine runs inside this one task, so there are no races; callbacks fired
-during `advance` only record results, and follow-up engine calls happen after `advance`
-returns (the `after_advance` hook). The engine is anything implementing the core contract
-`topas_agents.engine.Engine`.
+that touches the engine runs inside this one task, one thing at a time, so there are no races;
+callbacks fired during `advance` only record results, and follow-up engine calls happen after
+`advance` returns (the `after_advance` hook). The engine is anything implementing the core
+contract `topas_agents.engine.Engine`.
+
+An `advance` with an event due (a policy decision, mostly) runs in one worker thread while
+the task awaits it: a slow policy held the event loop, so every call, stream and /health
+waited for each decision. The task still runs nothing else on the engine until the thread
+returns, so the engine is never touched from two threads at once; its callbacks run in the
+worker thread and must only record (they must not touch asyncio objects).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from ..engine import Engine
@@ -36,7 +43,7 @@ class EngineLoop:
                  after_advance: Callable[[], None] = lambda: None,
                  periodic: Callable[[float], None] = lambda wall: None,
                  on_failure: Callable[[BaseException], None] = lambda exc: None,
-                 max_sleep_s: float = 0.25) -> None:
+                 max_sleep_s: float = 0.25, advance_in_thread: bool = True) -> None:
         self.engine = engine
         self.time_scale = time_scale
         self._after_advance = after_advance
@@ -51,6 +58,8 @@ class EngineLoop:
         self._sim0 = 0.0
         self.failure: BaseException | None = None
         self._last_slow_warning = -math.inf
+        # one thread: advances stay in order, and an engine bound to a thread keeps one
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="topas-engine") if advance_in_thread else None
 
     @property
     def max_sleep_s(self) -> float:
@@ -83,6 +92,8 @@ class EngineLoop:
         self._wake.set()
         if self._task is not None:
             await self._task
+        if self._worker is not None:
+            self._worker.shutdown(wait=False)
 
     def target_now(self) -> float:
         """The simulated time that corresponds to the wall clock now."""
@@ -112,7 +123,7 @@ class EngineLoop:
         loop = asyncio.get_running_loop()
         last_periodic = loop.time()
         while True:
-            self._advance()
+            await self._advance()
             self._run_commands()
             if self._stopping and not self._cmds:
                 break
@@ -123,30 +134,44 @@ class EngineLoop:
             await self._sleep(self._sleep_s())
         self._fail_pending(ApiError(503, "engine stopped"))
 
-    def _advance(self) -> None:
+    async def _advance(self) -> None:
         if self.failure is not None:
             return
+        target = max(self.target_now(), self.engine.now)
+        due = self.engine.next_event_time()
         started = time.perf_counter()
-        try:
-            self.engine.advance(max(self.target_now(), self.engine.now))
-        except Exception as exc:  # an engine or policy bug: fail loudly, keep serving errors
-            log.exception("engine failed")
-            self.failure = exc
-            self._guarded(lambda e=exc: self._on_failure(e))
+        if self._worker is None or due is None or due > target:  # nothing to process: the clock moves
+            failed = self._advance_to(target)
+        else:
+            failed = await asyncio.get_running_loop().run_in_executor(self._worker, self._advance_to, target)
+        if failed is not None:
+            self.failure = failed
+            self._guarded(lambda e=failed: self._on_failure(e))
         self._warn_if_slow(time.perf_counter() - started)
         self._guarded(self._after_advance)
 
+    def _advance_to(self, target: float) -> Exception | None:
+        """Advance the engine (in the worker thread, or inline); its exception, not raised."""
+        try:
+            self.engine.advance(target)
+        except Exception as exc:  # an engine or policy bug: fail loudly, keep serving errors
+            log.exception("engine failed")
+            return exc
+        return None
+
     def _warn_if_slow(self, held_s: float) -> None:
-        """The engine (its policy's decisions, mostly) runs on the event loop: say so when it
-        held the loop long enough for every client to notice, at most once a minute."""
+        """Say when an advance (its policy's decisions, mostly) took long enough for every
+        client to notice, at most once a minute: calls wait for it (off the event loop, they
+        still cannot start or finish before it returns)."""
         now = time.monotonic()
         if held_s >= SLOW_ADVANCE_S and now - self._last_slow_warning >= SLOW_WARNING_EVERY_S:
             self._last_slow_warning = now
-            log.warning("the engine held the event loop for %.2f s (policy decisions run on it: a slow policy "
-                        "delays every call and /health; topas_decision_latency_seconds shows each decision)",
-                        held_s)
+            log.warning("the engine took %.2f s to advance (a slow policy delays every call; "
+                        "topas_decision_latency_seconds shows each decision)", held_s)
 
     def _run_commands(self) -> None:
+        if not self._cmds:
+            return
         for _ in range(len(self._cmds)):
             fn, fut = self._cmds.popleft()
             if fut is not None and fut.done():  # the caller went away
@@ -163,6 +188,7 @@ class EngineLoop:
             else:
                 if fut is not None:
                     fut.set_result(result)
+        self._guarded(self._after_advance)  # what a command's engine calls reported, applied now
 
     def _sleep_s(self) -> float:
         if self._cmds or self._stopping:

@@ -51,6 +51,23 @@ class LengthHint(NamedTuple):
     from_stage: bool
 
 
+class EngineProgress(NamedTuple):
+    """What an engine callback reported during `advance`, applied to its call after `advance`
+    returns (on the event loop: `advance` may run in a worker thread, and a call's asyncio
+    event must be set on the loop). `generated` None: the request finished at `t`."""
+
+    rid: str
+    generated: int | None
+    t: float
+
+
+class Registration(NamedTuple):
+    """An uploaded workflow's registration: new or the same again, and its agent warnings."""
+
+    created: bool
+    warnings: list[str]
+
+
 class SimulatedReply(NamedTuple):
     """A call's reply: its text (a tool call's JSON arguments), the simulated output tokens,
     the decode reservation, the finish reason and the tool call."""
@@ -82,7 +99,7 @@ class SimService:
         self.call_status: collections.Counter[str] = collections.Counter()
         self.metrics = ServiceMetrics(self)  # /metrics: this service's own registry and histograms
         self.draining = False
-        self._finished: list[tuple[str, float]] = []
+        self._progress: list[EngineProgress] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -145,6 +162,15 @@ class SimService:
         """`failed`: the client says the task failed (it ends with no JCT, `tasks.failed`)."""
         with tenant_names(tenant):
             return await self.loop.call(lambda: self._explicit(qualify(tenant, task_id), None, tenant, failed))
+
+    async def register_workflow(self, wf: Workflow, tenant: str | None, size: int) -> Registration:
+        """Register an upload in the engine task: the engine reads the registry's mapping while
+        it advances (maybe in the loop's worker thread), and one registration must not
+        interleave with another's conflict check."""
+        def register() -> Registration:
+            warnings = self.registry.agent_conflicts(wf, tenant)
+            return Registration(self.registry.add(wf, tenant, size), warnings)
+        return await self.loop.call(register)
 
     async def in_engine(self, fn: Callable[[], Any]) -> Any:
         """Run `fn()` inside the engine task (stats, metrics)."""
@@ -283,28 +309,34 @@ class SimService:
             except TopasError as exc:
                 log.warning("engine rejected %s: %s", a, exc)
 
-    # callbacks fired inside engine.advance(): record only, follow up after it returns
+    # callbacks fired inside engine.advance(), maybe in the loop's worker thread: record only,
+    # and apply after it returns, on the event loop
     def _on_token(self, rid: str, n_generated: int) -> None:
-        c = self.calls.get(rid)
-        if c is not None:
-            if c.record.first_token_s is None and n_generated > 0:
-                c.record.first_token_s = self.engine.now
-            c.on_token(n_generated)
+        self._progress.append(EngineProgress(rid, n_generated, self.engine.now))
 
     def _on_finish(self, rid: str, t: float) -> None:
-        c = self.calls.get(rid)
-        if c is not None:
-            if c.record.first_token_s is None:
-                c.record.first_token_s = t
-            c.on_finish()
-            self._finished.append((rid, t))
+        self._progress.append(EngineProgress(rid, None, t))
 
     def _after_advance(self) -> None:
-        finished, self._finished = self._finished, []
-        for rid, t in finished:
-            c = self.calls.pop(rid, None)
+        progress, self._progress = self._progress, []
+        finished: list[EngineProgress] = []
+        for p in progress:
+            c = self.calls.get(p.rid)
+            if c is None:
+                continue
+            if p.generated is None:
+                if c.record.first_token_s is None:
+                    c.record.first_token_s = p.t
+                c.on_finish()
+                finished.append(p)
+            else:
+                if c.record.first_token_s is None and p.generated > 0:
+                    c.record.first_token_s = p.t
+                c.on_token(p.generated)
+        for p in finished:
+            c = self.calls.pop(p.rid, None)
             if c is not None:
-                self._end(c, "ok", t)
+                self._end(c, "ok", p.t)
 
     def _periodic(self, wall: float) -> None:
         self._apply(self.tracker.expire_idle(self.engine.now, wall))

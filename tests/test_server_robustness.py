@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
 from test_server_fake import fake_factory  # tests/ is on sys.path (pytest rootdir-relative import)
 
+from topas_agents.engine import EngineRequest
 from topas_agents.server import ServerConfig, start_server_in_thread
 
 LONG = {"task_id": "", "stage": "s1", "agent": "a", "workflow": "chain3"}  # 256 output tokens: ~8 s at 1x
@@ -314,8 +316,8 @@ def test_an_idle_keep_alive_connection_outlives_the_clients_own_expiry() -> None
         handle.stop()
 
 
-def test_an_engine_that_holds_the_event_loop_is_logged_once(caplog) -> None:
-    # a slow policy's decisions run on the event loop: every call and /health wait, silently
+def test_a_slow_advance_is_logged_once(caplog) -> None:
+    # a slow policy delays every call: it used to do so silently
     import logging
 
     from test_server_fake import FakeEngine
@@ -323,6 +325,9 @@ def test_an_engine_that_holds_the_event_loop_is_logged_once(caplog) -> None:
     from topas_agents.server import engine_loop
 
     class Slow(FakeEngine):
+        def next_event_time(self) -> float:
+            return self.now  # always something due: every advance goes to the worker thread
+
         def advance(self, until: float) -> None:
             time.sleep(0.6)
             super().advance(until)
@@ -330,9 +335,43 @@ def test_an_engine_that_holds_the_event_loop_is_logged_once(caplog) -> None:
     async def run() -> None:
         loop = engine_loop.EngineLoop(Slow(), 1.0)
         for _ in range(3):
-            loop._advance()
+            await loop._advance()
 
     with caplog.at_level(logging.WARNING, logger="topas.server"):
         asyncio.run(run())
-    slow = [r for r in caplog.records if "held the event loop" in r.getMessage()]
+    slow = [r for r in caplog.records if "took" in r.getMessage() and "to advance" in r.getMessage()]
     assert len(slow) == 1 and "topas_decision_latency_seconds" in slow[0].getMessage()
+
+
+def test_a_slow_policy_decision_does_not_hold_the_event_loop() -> None:
+    """Decisions run in the engine loop's worker thread: while one takes 1.5 s, /health and the
+    stats answer at once (they waited for the decision), and the call it was deciding about
+    still completes."""
+    from test_server_fake import FakeEngine
+
+    decided = threading.Event()
+
+    class SlowDecisions(FakeEngine):
+        def advance(self, until: float) -> None:
+            if self.waiting:  # a decision to make: admit after a long think
+                decided.set()
+                time.sleep(1.5)
+            super().advance(until)
+
+    def factory(config, workflows):
+        return SlowDecisions(), EngineRequest
+
+    handle = start_server_in_thread(ServerConfig(time_scale=1.0), engine_factory=factory)
+    try:
+        with httpx.Client(base_url=handle.base_url, timeout=30) as client, ThreadPoolExecutor(1) as pool:
+            body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+            call = pool.submit(client.post, "/v1/chat/completions", json=body)
+            assert decided.wait(10)
+            started = time.perf_counter()
+            assert client.get("/health").status_code == 200
+            assert client.get("/v1/models").status_code == 200
+            answered_s = time.perf_counter() - started
+            assert call.result().status_code == 200
+        assert answered_s < 0.5, f"/health and /v1/models took {answered_s:.2f} s during a 1.5 s decision"
+    finally:
+        handle.stop()

@@ -56,6 +56,8 @@ class Engine(Protocol):
     The engine owns its clock (`now`, simulated seconds). `advance(until)` runs every event
     up to `until`, firing `on_token(rid, tokens generated so far)` and `on_finish(rid, t)`;
     callbacks only record, and callers make follow-up engine calls after `advance` returns.
+    The server may call `advance` from a worker thread (never two methods at once), so an
+    engine must not depend on running in the thread that built it.
     `stage_done` / `task_done` carry the task tracker's completions to the policy.
     """
 
