@@ -314,8 +314,9 @@ def test_merge_metrics_groups_families():
     lines = merged.splitlines()
     assert lines.count("# TYPE m_total counter") == 1
     i = lines.index("# TYPE m_total counter")
-    assert lines[i + 1:i + 3] == ['m_total{replica="1",a="1"} 3', 'm_total{replica="2",a="1"} 3']
-    assert lines[-2:] == ['g{replica="1"} 2', 'g{replica="2"} 2']
+    # written by prometheus_client: labels in name order, values as Go floats
+    assert lines[i + 1:i + 3] == ['m_total{a="1",replica="1"} 3.0', 'm_total{a="1",replica="2"} 3.0']
+    assert lines[-2:] == ['g{replica="1"} 2.0', 'g{replica="2"} 2.0']
 
 
 # ---------------------------------------------------------------------- stream resumption

@@ -40,13 +40,11 @@ from .aggregate import (
     ReplicaAnswer,
     aggregate_stats,
     client_error,
-    merge_metrics,
+    metrics_page,
     missing_replicas,
     no_replica_served,
     pick_owner_answer,
     pick_registration_answer,
-    replica_restarts_metric,
-    replica_up_metric,
 )
 from .commands import cluster_api_key
 from .config import ROUTE_KEY_HEADER, ClusterConfig
@@ -230,9 +228,9 @@ class Front:
         if (down := _none_served(answers, "/metrics")) is not None:
             return down
         texts = [a.body if a.ok and isinstance(a.body, str) else None for a in answers]
-        restarts = replica_restarts_metric(self._restarted(), len(texts))
-        return PlainTextResponse(replica_up_metric(texts) + restarts + merge_metrics(texts),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        # each text parsed and written again (about 4 ms a replica): off the event loop
+        page = await asyncio.to_thread(metrics_page, texts, self._restarted())
+        return PlainTextResponse(page, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def list_workflows(self, request: Request) -> JSONResponse:
         answers = await self.fan_out(request, "GET", "/v1/topas/workflows")
