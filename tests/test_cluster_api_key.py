@@ -15,14 +15,14 @@ from topas_agents.errors import ConfigError
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("smg") is None, reason="needs the [cluster] extra (smg)")
 
 KEY = "k-cluster-test"
-SERVE_ARGS = ("--workflow", "chain3", "--time-scale", "100", "--log-level", "warning", "--api-key", KEY)
+SERVE_ARGS = ("--workflow", "chain3", "--time-scale", "100", "--log-level", "warning")
 
 
 @pytest.fixture(scope="module")
 def cluster():
     from topas_agents.server.cluster.launcher import free_base_port, run_replicas
 
-    handle = run_replicas(2, port=free_base_port(5), serve_args=SERVE_ARGS, startup_timeout_s=60)
+    handle = run_replicas(2, port=free_base_port(5), serve_args=SERVE_ARGS, api_key=KEY, startup_timeout_s=60)
     try:
         yield handle
     finally:
@@ -71,12 +71,47 @@ def test_health_needs_no_key(cluster):
     assert httpx.get(cluster.base_url + "/health", timeout=30).status_code == 200
 
 
-def test_two_keys_are_refused_before_anything_starts():
+def _serve(argv: list[str], monkeypatch) -> dict:
+    """`topas serve ARGV` as far as the cluster launcher: the arguments it got."""
+    from topas_agents.cli import main
+    from topas_agents.server.cluster import launcher
+
+    seen: dict = {}
+    monkeypatch.setattr(launcher, "serve_replicas", lambda replicas, **kw: seen.update(kw) or 0)
+    assert main(["serve", "--replicas", "2", *argv]) == 0
+    return seen
+
+
+@pytest.mark.parametrize("flag", ["--api-key", "--api-k", "--api"])
+def test_the_key_comes_from_the_cli_edge_however_the_flag_is_spelled(flag, monkeypatch):
+    # argparse takes an abbreviation; a search of the replicas' options for "--api-key" missed
+    # it, so the replicas required a key that smg and the front did not have
+    monkeypatch.delenv("TOPAS_API_KEY", raising=False)
+    kw = _serve(["--workflow", "chain3", flag, "k1"], monkeypatch)
+    assert kw["api_key"] == "k1" and "k1" not in kw["serve_args"]
+    assert not [a for a in kw["serve_args"] if a.startswith("--api")]
+    assert _serve(["--api-key", "a", "--api-k=a"], monkeypatch)["api_key"] == "a"  # the same key twice: one
+    assert _serve([], monkeypatch)["api_key"] is None  # then $TOPAS_API_KEY, read by the launcher
+
+
+def test_two_keys_are_refused_before_anything_starts(monkeypatch, capsys):
+    from topas_agents.cli import main
+    from topas_agents.server.cluster import launcher
+
+    monkeypatch.setattr(launcher, "serve_replicas", lambda *a, **kw: pytest.fail("started"))
+    assert main(["serve", "--replicas", "2", "--api-key", "a", "--api-k=b"]) == 2
+    assert "--replicas takes one --api-key" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arg", [("--api-key", "k"), ("--api-key=k",), ("--api-k", "k"), ("--api=k",)])
+def test_a_key_among_the_replicas_options_is_refused(arg):
+    # from Python the key is ClusterConfig.api_key; in serve_args smg and the front never saw it
     from topas_agents.server.cluster.config import ClusterConfig
 
-    with pytest.raises(ConfigError, match="--replicas takes one --api-key"):
-        ClusterConfig(serve_args=("--api-key", "a", "--api-key=b"))
-    assert ClusterConfig(serve_args=("--api-key", "a", "--api-key", "a")).replica_api_keys == ("a", "a")
+    with pytest.raises(ConfigError, match=r"ClusterConfig\(api_key=...\)"):
+        ClusterConfig(serve_args=("--workflow", "chain3", *arg))
+    with pytest.raises(ConfigError, match="--api-key must be non-empty printable ASCII"):
+        ClusterConfig(api_key=" k")
 
 
 def test_smg_gets_the_replicas_key(monkeypatch):
@@ -84,7 +119,7 @@ def test_smg_gets_the_replicas_key(monkeypatch):
     from topas_agents.server.cluster.config import ClusterConfig
 
     monkeypatch.delenv("TOPAS_API_KEY", raising=False)
-    keyed = ClusterConfig(serve_args=("--api-key", "k1"))
+    keyed = ClusterConfig(api_key="k1")
     assert smg_env(keyed) == {SMG_KEY_ENV: "k1"} and "k1" not in " ".join(smg_argv(keyed))
     assert smg_env(ClusterConfig()) == {} and smg_argv(ClusterConfig())[1:3] == ("-m", "smg")
     monkeypatch.setenv("TOPAS_API_KEY", "from-env")  # a replica given no key reads it itself
@@ -96,7 +131,7 @@ def test_replicas_get_the_key_in_their_environment(monkeypatch):
     from topas_agents.server.cluster.config import ClusterConfig
 
     monkeypatch.delenv("TOPAS_API_KEY", raising=False)
-    c = ClusterConfig(replicas=2, serve_args=("--api-key", "k1", "--workflow", "chain3", "--api-key=k1"))
+    c = ClusterConfig(replicas=2, api_key="k1", serve_args=("--workflow", "chain3"))
     argv = replica_argv(c, 2)
     assert "k1" not in " ".join(argv) and argv[-2:] == ("--workflow", "chain3")
     assert replica_env(c, 2) == {"TOPAS_API_KEY": "k1"}

@@ -291,7 +291,7 @@ def test_smg_args_that_the_launcher_sets_are_refused(arg):
 
 def test_refused_smg_flags_are_the_launchers_and_tunables_still_pass(monkeypatch):
     monkeypatch.delenv("TOPAS_API_KEY", raising=False)
-    argv = smg_argv(ClusterConfig(router_policy="task", serve_args=("--api-key", "k")))  # with a key
+    argv = smg_argv(ClusterConfig(router_policy="task", api_key="k"))  # with a key
     # --api-key: added in smg's process from its environment (not on a command line)
     assert all(flag in argv for flag in SMG_FLAGS_SET_BY_LAUNCHER if flag != "--api-key")
     assert "--api-key" in argv[argv.index("-c") + 1]

@@ -47,36 +47,22 @@ def test_replica_restarts_option():
         p.parse_args(["--replica-restarts", "-1"])
 
 
-def test_a_replica_that_keeps_dying_is_given_up(tmp_path):
-    # a "replica" that exits at once: every restart fails, then the supervisor stops trying
+@pytest.mark.parametrize(("process", "replica"), [("replica-1", 1), (GATEWAY, None)], ids=["replica", "smg"])
+def test_a_process_that_keeps_dying_is_given_up(tmp_path, process, replica):
+    # a replica or an "smg" that exits at once: every restart fails, then the supervisor stops
+    # trying, within the same bounds for both; `gave_up("smg")` is what ends `topas serve
+    # --replicas` (before, any smg death ended it at once)
     argv = (sys.executable, "-c", "import sys; sys.exit(3)")
     config = ClusterConfig(replicas=1, restart=RestartPolicy(max_restarts=2, backoff_initial_s=0.0,
                                                              poll_interval_s=0.05), startup_timeout_s=5)
-    replicas = [start_child("replica-1", argv, log_dir=tmp_path)]
-    replicas[0].proc.wait(10)
-    sup = Supervisor(config, replicas, log_dir=tmp_path, argv=lambda i, extra: argv, env=lambda i: {})
-    sup.start()
-    try:
-        events = sup.wait_for(3, timeout_s=30)
-    finally:
-        sup.stop()
-        stop_children(replicas, 1.0)
-    assert [e.outcome for e in events] == ["failed", "failed", "gave_up"]
-    assert [e.attempt for e in events] == [1, 2, 2]
-    assert events[0].exit_code == 3 and "exited with 3" in events[0].detail
-    assert len(sup.events) == 3  # given up: no further attempt, however long it watches
-
-
-def test_a_gateway_that_keeps_dying_is_given_up(tmp_path):
-    # an "smg" that exits at once: the same bounds as a replica's, then `gave_up("smg")`, which
-    # is what ends `topas serve --replicas` (before, any smg death ended it at once)
-    argv = (sys.executable, "-c", "import sys; sys.exit(4)")
-    config = ClusterConfig(replicas=1, restart=RestartPolicy(max_restarts=2, backoff_initial_s=0.0,
-                                                             poll_interval_s=0.05), startup_timeout_s=5)
-    box = [start_child(GATEWAY, argv, log_dir=tmp_path)]
+    box = [start_child(process, argv, log_dir=tmp_path)]  # the handle's list, updated on a restart
     box[0].proc.wait(10)
-    watch = GatewayWatch(current=lambda: box[0], replace=lambda child: box.__setitem__(0, child), argv=argv, env={})
-    sup = Supervisor(config, [], log_dir=tmp_path, argv=lambda i, extra: argv, env=lambda i: {}, gateway=watch)
+    watch = None
+    if process == GATEWAY:
+        watch = GatewayWatch(current=lambda: box[0], replace=lambda child: box.__setitem__(0, child), argv=argv,
+                             env={})
+    sup = Supervisor(config, box if watch is None else [], log_dir=tmp_path, argv=lambda i, extra: argv,
+                     env=lambda i: {}, gateway=watch)
     sup.start()
     try:
         events = sup.wait_for(3, timeout_s=30)
@@ -84,9 +70,12 @@ def test_a_gateway_that_keeps_dying_is_given_up(tmp_path):
         sup.stop()
         stop_children(box, 1.0)
     assert [(e.process, e.replica, e.outcome) for e in events] == [
-        (GATEWAY, None, "failed"), (GATEWAY, None, "failed"), (GATEWAY, None, "gave_up")]
-    assert events[0].exit_code == 4 and "exited with 4" in events[0].detail
-    assert sup.gave_up(GATEWAY) and not sup.gave_up("replica-1")
+        (process, replica, "failed"), (process, replica, "failed"), (process, replica, "gave_up")]
+    assert [e.attempt for e in events] == [1, 2, 2]
+    assert events[0].exit_code == 3 and "exited with 3" in events[0].detail
+    assert len(sup.events) == 3  # given up: no further attempt, however long it watches
+    other = "replica-1" if process == GATEWAY else GATEWAY
+    assert sup.gave_up(process) and not sup.gave_up(other)
 
 
 def _calls_on(url: str) -> int:

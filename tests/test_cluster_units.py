@@ -314,8 +314,9 @@ def test_merge_metrics_groups_families():
     lines = merged.splitlines()
     assert lines.count("# TYPE m_total counter") == 1
     i = lines.index("# TYPE m_total counter")
-    assert lines[i + 1:i + 3] == ['m_total{replica="1",a="1"} 3', 'm_total{replica="2",a="1"} 3']
-    assert lines[-2:] == ['g{replica="1"} 2', 'g{replica="2"} 2']
+    # written by prometheus_client: labels in name order, values as Go floats
+    assert lines[i + 1:i + 3] == ['m_total{a="1",replica="1"} 3.0', 'm_total{a="1",replica="2"} 3.0']
+    assert lines[-2:] == ['g{replica="1"} 2.0', 'g{replica="2"} 2.0']
 
 
 # ---------------------------------------------------------------------- stream resumption
@@ -537,13 +538,14 @@ def test_replica_restarts_are_a_counter_per_replica() -> None:
     assert [line.split()[-1] for line in text.splitlines() if not line.startswith("#")] == ["0", "2", "1"]
 
 
-def test_front_rewrites_a_big_body_off_the_event_loop():
+def test_front_rewrites_a_big_body_off_the_event_loop(monkeypatch):
     # a 16 MiB body took about 0.25 s to parse and re-encode, on the loop every relay shares
     import threading
 
     import httpx
     from starlette.testclient import TestClient
 
+    from topas_agents.server.cluster import front as front_module
     from topas_agents.server.cluster.front import build_front
     from topas_agents.server.cluster.requests import OFFLOAD_BYTES
 
@@ -559,13 +561,13 @@ def test_front_rewrites_a_big_body_off_the_event_loop():
     front = app.state.front
     front.client = httpx.AsyncClient(transport=httpx.MockTransport(smg))
     threads: list[str] = []
-    rewrite = front._rewritten
+    rewrite = front_module.rewrite_call  # relay.py's, as the front calls it
 
     def recording(*args):
         threads.append(threading.current_thread().name)
         return rewrite(*args)
 
-    front._rewritten = recording
+    monkeypatch.setattr(front_module, "rewrite_call", recording)
     big = "x" * (OFFLOAD_BYTES + 1)
     with TestClient(app) as client:
         for content in ("small", big):

@@ -172,10 +172,7 @@ class TaskTracker:
             if task is not None and task.done_reason in NO_JCT:  # never counted as a JCT
                 self._uncount(task.done_reason)
             elif task is not None:  # concluded by inference or idleness, but not done after all
-                self.jct_count -= 1
-                self.jct_sum -= task.jct_s or 0.0
-                self._forget_jct(task_id)
-                self.reopens_total += 1
+                self._take_back_jct(task)
             if task is not None:
                 task.done_reason, task.finish_s, task.reopened = None, None, task.reopened + 1
                 task.failed = False
@@ -202,6 +199,17 @@ class TaskTracker:
             self.abandoned -= 1
         elif reason == "failed":
             self.failed -= 1
+
+    def _take_back_jct(self, task: TaskState) -> None:
+        """A concluded task's JCT out of the count, sum and recent ones: it was reopened, or
+        the client said it failed. Counted with the reopened ones: the JCT histogram
+        (`on_conclude`) observed it and never goes down, so count - reopens_total stays the
+        number of tasks with a JCT. Call it before the task's done_reason changes (`jct_s`
+        reads it)."""
+        self.jct_count -= 1
+        self.jct_sum -= task.jct_s or 0.0
+        self._forget_jct(task.task_id)
+        self.reopens_total += 1
 
     def _forget_jct(self, task_id: str) -> None:
         """Take a reopened task's JCT out of the recent ones (the percentiles), as out of the
@@ -262,13 +270,8 @@ class TaskTracker:
         if task.task_id not in self.active:
             if task.done_reason in NO_JCT:
                 return []  # already without a JCT
-            if failed:  # concluded by inference, then failed in the client: take its JCT back,
-                # counted with the reopened ones (the JCT histogram observed it: count - reopened
-                # stays the number of tasks with a JCT)
-                self.jct_count -= 1
-                self.jct_sum -= task.jct_s or 0.0
-                self._forget_jct(task_id)
-                self.reopens_total += 1
+            if failed:  # concluded by inference, then failed in the client: no JCT after all
+                self._take_back_jct(task)
                 task.done_reason, task.failed = "failed", True
                 self.failed += 1
                 return []

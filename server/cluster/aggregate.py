@@ -18,6 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
 from topas_agents.percentile import percentile_or_none
 from topas_agents.task_tracker import NO_JCT
 
@@ -286,22 +292,15 @@ def split_message(oks: Sequence[ReplicaAnswer], refused: Sequence[ReplicaAnswer]
             "it, so a restarted replica does not get it back. Register it under a new name")
 
 
-def _with_replica(line: str, replica: int) -> str:
-    name, sep, rest = line.partition("{")
-    if sep:
-        return f'{name}{{replica="{replica}",{rest}'
-    metric, _, value = line.partition(" ")
-    return f'{metric}{{replica="{replica}"}} {value}'
-
-
 # The per-replica "did the front get its metrics" sample, so that a scrape with a replica
 # missing says so (its other families simply have no samples for it).
 REPLICA_UP_FAMILY = "topas_replica_up"
 REPLICA_RESTARTS_FAMILY = "topas_replica_restarts_total"
 
 
-def replica_up_metric(texts: Sequence[str | None]) -> str:
-    """`topas_replica_up{replica="i"} 1|0`: 1 when replica i's metrics are in the scrape."""
+def replica_up_metric(texts: Sequence[object | None]) -> str:
+    """`topas_replica_up{replica="i"} 1|0`: 1 when replica i's metrics are in the scrape (its
+    entry in `texts` is not None)."""
     lines = [f"# HELP {REPLICA_UP_FAMILY} 1 if the front got this replica's metrics, 0 if it did not answer.",
              f"# TYPE {REPLICA_UP_FAMILY} gauge",
              *(f'{REPLICA_UP_FAMILY}{{replica="{i}"}} {int(t is not None)}' for i, t in enumerate(texts, start=1))]
@@ -319,21 +318,57 @@ def replica_restarts_metric(restarted: Sequence[int], replicas: int) -> str:
 
 
 def merge_metrics(texts: Sequence[str | None]) -> str:
-    """The replicas' Prometheus texts as one, each sample labelled `replica="i"`; a family's
-    HELP/TYPE lines once, followed by its samples from every replica (the format wants a
-    family's lines together)."""
-    families: dict[str, tuple[list[str], list[str]]] = {}  # name -> (meta lines, samples)
-    for replica, text in enumerate(texts, start=1):
-        current = ""
-        for line in (text or "").splitlines():
-            if not line.strip():
-                continue
-            if line.startswith("#"):
-                parts = line.split()
-                current = parts[2] if len(parts) > 2 else current
-                meta, _ = families.setdefault(current, ([], []))
-                if line not in meta:
-                    meta.append(line)
-                continue
-            families.setdefault(current, ([], []))[1].append(_with_replica(line, replica))
-    return "".join(f"{line}\n" for meta, samples in families.values() for line in (*meta, *samples))
+    """The replicas' Prometheus texts as one, each sample labelled `replica="i"`: parsed and
+    written again by prometheus_client, so a family's HELP/TYPE lines come once, followed by
+    its samples from every replica (the format wants a family's lines together), and the
+    names are the replicas' (a counter's `_total`, a histogram's `_bucket`/`_sum`/`_count`,
+    the `_created` gauges; a counter typed without `_total`, which no prometheus_client
+    exporter writes, gets it from the parser). A replica's own `replica` label is kept as
+    `exported_replica`, as Prometheus keeps a target's label that its own would overwrite. A
+    text that does not parse adds nothing (a replica that answered something else than metrics)."""
+    return _merged([_parsed_metrics(text) for text in texts])
+
+
+def metrics_page(texts: Sequence[str | None], restarted: Sequence[int]) -> str:
+    """The front's `/metrics` from the replicas' texts (None: no answer) and the replica of
+    each restart: `topas_replica_up`, `topas_replica_restarts_total`, then the merged
+    families. A replica whose text does not parse is not up: none of its metrics are in it."""
+    parsed = [_parsed_metrics(text) for text in texts]
+    return replica_up_metric(parsed) + replica_restarts_metric(restarted, len(texts)) + _merged(parsed)
+
+
+def _merged(parsed: Sequence[list[Metric] | None]) -> str:
+    families: dict[str, Metric] = {}
+    for replica, metrics in enumerate(parsed, start=1):
+        for family in metrics or ():
+            # keyed by name alone: the format allows one TYPE line per name
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            merged.samples += [_with_replica(sample, replica) for sample in family.samples]
+    return generate_latest(_MergedFamilies(list(families.values()))).decode("utf-8")
+
+
+def _parsed_metrics(text: str | None) -> list[Metric] | None:
+    """A replica's metric families; None when it sent none or text that does not parse."""
+    if text is None:
+        return None
+    try:
+        return list(text_string_to_metric_families(text))
+    except ValueError:
+        return None
+
+
+def _with_replica(sample: Sample, replica: int) -> Sample:
+    labels = dict(sample.labels)
+    if "replica" in labels:
+        labels["exported_replica"] = labels.pop("replica")
+    return sample._replace(labels={"replica": str(replica), **labels})
+
+
+class _MergedFamilies(Collector):
+    """The merged families, as `generate_latest` reads them (a collector)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families

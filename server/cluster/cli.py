@@ -11,8 +11,9 @@ import argparse
 from collections.abc import Sequence
 
 from topas_agents.cli.args import int_between, non_negative_int
+from topas_agents.errors import ConfigError
 
-from .config import MAX_REPLICAS, ROUTER_POLICIES, RestartPolicy
+from .config import MAX_REPLICAS, ONE_API_KEY, ROUTER_POLICIES, RestartPolicy
 
 _DEFAULT_RESTART = RestartPolicy()
 
@@ -58,7 +59,8 @@ _ENGINE_ONLY = {"sim": (("--time-scale", "time_scale"), ("--responder", "respond
 
 
 def replica_serve_args(args: argparse.Namespace) -> tuple[str, ...]:
-    """The `topas serve` options every replica gets (the launcher adds engine, host, port)."""
+    """The `topas serve` options every replica gets (the launcher adds engine, host, port;
+    the key goes in the environment: `cluster_key`)."""
     out: list[str] = []
     engine = getattr(args, "engine", "sim")
     for flag, name in (("--policy", "policy"), ("--profile", "profile"), ("--kv-budget", "kv_budget"),
@@ -66,10 +68,20 @@ def replica_serve_args(args: argparse.Namespace) -> tuple[str, ...]:
                        ("--task-idle-timeout", "task_idle_timeout"),
                        ("--log-level", "log_level")):
         _opt(out, flag, getattr(args, name, None))
-    for flag, name in (("--policy-opt", "policy_opt"), ("--workflow", "workflow"), ("--api-key", "api_key")):
+    for flag, name in (("--policy-opt", "policy_opt"), ("--workflow", "workflow")):
         for value in getattr(args, name, None) or ():
             out += [flag, str(value)]
     return tuple(out)
+
+
+def cluster_key(args: argparse.Namespace) -> str | None:
+    """The cluster's one key, from `--api-key` as argparse parsed it (an abbreviation such as
+    `--api-k` included); None without one (the replicas then read $TOPAS_API_KEY). Two
+    different keys are refused (`ONE_API_KEY`)."""
+    keys = list(dict.fromkeys(getattr(args, "api_key", None) or ()))
+    if len(keys) > 1:
+        raise ConfigError(ONE_API_KEY)
+    return keys[0] if keys else None
 
 
 def restart_policy(args: argparse.Namespace) -> RestartPolicy:
@@ -86,7 +98,7 @@ def serve_from_args(args: argparse.Namespace, engine_args: Sequence[str] = ()) -
     restart = restart_policy(args)
     return serve_replicas(args.replicas, port=args.port, host=args.host, engine=args.engine,
                           router_policy=args.router_policy, serve_args=replica_serve_args(args),
-                          engine_args=tuple(engine_args), gpu_ids=gpu_ids,
+                          api_key=cluster_key(args), engine_args=tuple(engine_args), gpu_ids=gpu_ids,
                           extra_smg_args=tuple(args.smg_arg or ()), restart=restart,
                           log_dir=getattr(args, "log_dir", None), **_front_drain(args))
 

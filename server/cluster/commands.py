@@ -44,7 +44,7 @@ def replica_argv(config: ClusterConfig, i: int) -> tuple[str, ...]:
             if arg == "--decision-log":
                 serve_args[k + 1] = replica_log_path(serve_args[k + 1], i)
     argv = [sys.executable, "-m", "topas_agents.server", "--engine", config.engine,
-            "--host", config.host, "--port", str(config.replica_port(i)), *_without_api_key(serve_args)]
+            "--host", config.host, "--port", str(config.replica_port(i)), *serve_args]
     if config.engine_args:
         argv += ["--", *config.engine_args]
     return tuple(argv)
@@ -56,19 +56,6 @@ def replica_log_path(path: str, i: int) -> str:
     all of them, told apart only by process ids)."""
     p = PurePath(path)
     return str(p.with_name(f"{p.stem}.replica-{i}{p.suffix}")) if p.name else f"{path}.replica-{i}"
-
-
-def _without_api_key(serve_args: list[str]) -> list[str]:
-    """`serve_args` less its `--api-key` options (the key travels in `replica_env`)."""
-    out, skip = [], False
-    for arg in serve_args:
-        if skip:
-            skip = False
-        elif arg == "--api-key":
-            skip = True
-        elif not arg.startswith("--api-key="):
-            out.append(arg)
-    return out
 
 
 def replica_env(config: ClusterConfig, i: int) -> dict[str, str]:
@@ -89,13 +76,12 @@ def smg_env(config: ClusterConfig) -> dict[str, str]:
 
 
 def cluster_api_key(config: ClusterConfig) -> str | None:
-    """The key the replicas require: their `--api-key`, else $TOPAS_API_KEY, which a replica
+    """The key the replicas require: `config.api_key`, else $TOPAS_API_KEY, which a replica
     reads itself when it is given none (`topas serve`'s rule; replicas inherit the launcher's
     environment). smg needs it to probe keyed replicas (without it smg never registered them,
     and `topas serve --replicas N --api-key K` did not start), and the front checks it."""
-    keys = config.replica_api_keys
-    if keys:
-        return keys[0]
+    if config.api_key is not None:
+        return config.api_key
     return os.environ.get("TOPAS_API_KEY") or None
 
 

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from topas_agents.cli.args import check_api_key
 from topas_agents.errors import ConfigError
 
 EngineKind = Literal["sim", "sglang"]
@@ -36,6 +37,24 @@ ROUTE_KEY_HEADER = "X-Topas-Route-Key"
 # (GatewaySettings: retries, breaker, health probes, --log-level) may still be overridden.
 SMG_FLAGS_SET_BY_LAUNCHER = ("--host", "--port", "--prometheus-host", "--prometheus-port",
                              "--worker-urls", "--policy", "--routing-key-headers", "--api-key")
+
+
+# More than one distinct --api-key for one cluster (checked at the CLI edge, cli.py).
+ONE_API_KEY = ("--replicas takes one --api-key: smg (1.13.0) holds a single key, which it uses to probe the "
+               "replicas and checks every caller's bearer token against, so a second tenant's calls would be "
+               "refused at the gateway; run one cluster per tenant")
+
+
+def serve_arg_problem(arg: str) -> str | None:
+    """Why a replica option in `serve_args` is refused, or None. The key goes in
+    `ClusterConfig.api_key`: smg and the front need it too, and a search of `serve_args` for
+    it missed an abbreviation `topas serve`'s argparse takes (`--api-k K`), so the replicas
+    required a key that smg and the front lacked (smg then registered no replica)."""
+    name = arg.split("=", 1)[0]
+    if len(name) > 2 and name.startswith("--") and "--api-key".startswith(name):
+        return (f"serve_args {arg!r} is --api-key: give the cluster's key as ClusterConfig(api_key=...) "
+                "(run_replicas(api_key=...)); the launcher hands it to the replicas, smg and the front")
+    return None
 
 
 def smg_arg_problem(arg: str) -> str | None:
@@ -126,8 +145,12 @@ class ClusterConfig:
     engine: EngineKind = "sim"
     router_policy: RouterPolicy = "task"
     # Extra `topas serve` arguments for every replica (e.g. ("--workflow", "chain3")); the
-    # launcher adds --engine, --host and --port.
+    # launcher adds --engine, --host and --port. Not --api-key: that is `api_key`.
     serve_args: tuple[str, ...] = ()
+    # The one key the replicas require, smg probes them with and the front checks (None: the
+    # launcher's $TOPAS_API_KEY, if set; commands.cluster_api_key). Given to the children in
+    # their environment, never on a command line.
+    api_key: str | None = None
     # Arguments after `--` for --engine sglang replicas (the SGLang server's own).
     engine_args: tuple[str, ...] = ()
     # --engine sglang: GPU ids, one entry per replica (CUDA_VISIBLE_DEVICES); default i-1.
@@ -165,28 +188,17 @@ class ClusterConfig:
         for arg in self.extra_smg_args:
             if (problem := smg_arg_problem(arg)) is not None:
                 raise ConfigError(problem)
-        if len(set(self.replica_api_keys)) > 1:
-            raise ConfigError("--replicas takes one --api-key: smg (1.13.0) holds a single key, which it "
-                              "uses to probe the replicas and checks every caller's bearer token against, "
-                              "so a second tenant's calls would be refused at the gateway; run one "
-                              "cluster per tenant")
+        for arg in self.serve_args:
+            if (problem := serve_arg_problem(arg)) is not None:
+                raise ConfigError(problem)
+        if self.api_key is not None:
+            check_api_key(self.api_key)
         for name in ("startup_timeout_s", "stop_timeout_s", "control_timeout_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a positive number, got {value}")
         if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
             raise ConfigError(f"--drain-timeout must be a number >= 0, got {self.drain_timeout_s}")
-
-    @property
-    def replica_api_keys(self) -> tuple[str, ...]:
-        """The `--api-key` values among the replicas' options (`serve_args`)."""
-        args, keys = self.serve_args, []
-        for k, arg in enumerate(args):
-            if arg == "--api-key" and k + 1 < len(args):
-                keys.append(args[k + 1])
-            elif arg.startswith("--api-key="):
-                keys.append(arg.split("=", 1)[1])
-        return tuple(keys)
 
     def replica_port(self, i: int) -> int:
         """Port of replica i, 1-based."""

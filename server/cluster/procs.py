@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,14 @@ from pathlib import Path
 from typing import IO
 
 _PR_SET_PDEATHSIG = 1
+# An ANSI escape sequence (CSI: colours, bold, cursor moves). smg colours its log lines even
+# into a file, and a tail quoted in an error ("smg exited ...; its log ends:") showed them raw.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
+def strip_ansi(text: str) -> str:
+    """`text` without ANSI escape sequences."""
+    return _ANSI_ESCAPE.sub("", text)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -59,9 +68,10 @@ class Child:
             self._log = None
 
     def tail(self, n: int = 20) -> str:
+        """The log's last `n` lines, as plain text for an error message."""
         if self.log_path is None or not self.log_path.exists():
             return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        return "\n".join(strip_ansi(self.log_path.read_text(errors="replace")).splitlines()[-n:])
 
 
 def start_child(name: str, argv: Sequence[str], *, log_dir: Path | None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NamedTuple
 
 import httpx
@@ -46,41 +46,49 @@ def rewrite_call(raw: bytes, headers: Mapping[str, str], path: str, model: str |
 
 async def post_to_gateway(http: httpx.AsyncClient, url: str, raw: bytes, headers: list[tuple[bytes, bytes]],
                           wait_s: float, draining: Callable[[], bool]) -> httpx.Response:
-    """POST to smg. While the supervisor restarts a dead smg (up to `wait_s`:
-    `RestartPolicy.gateway_wait_s`) the call waits for it instead of failing with an error that
-    only the client's one retry could absorb. Two answers mean smg ran nothing, so trying again
-    is safe: a refused connection, and smg's 404 `model_not_found` (a new smg listens before it
-    has registered its workers; the front names the served model, so it means no worker yet)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while True:
-        try:
-            resp = await http.send(http.build_request("POST", url, content=raw, headers=headers), stream=True)
-        except httpx.ConnectError:
-            if draining() or loop.time() + GATEWAY_RETRY_S > deadline:
-                raise
-        else:
-            if resp.status_code != 404:
-                return resp
-            body = await resp.aread()  # an error: small
-            await resp.aclose()
-            if b"model_not_found" not in body or draining() or loop.time() + GATEWAY_RETRY_S > deadline:
-                kept = [(k, v) for k, v in resp.headers.raw if k.lower() != b"content-encoding"]
-                return httpx.Response(resp.status_code, headers=kept, stream=httpx.ByteStream(body))
-        await asyncio.sleep(GATEWAY_RETRY_S)
+    """POST to smg (streamed), waiting for a restarting smg (`_waiting_for_gateway`). The front
+    names the served model in the body, so smg's 404 `model_not_found` means no worker yet."""
+    return await _waiting_for_gateway(
+        lambda: http.send(http.build_request("POST", url, content=raw, headers=headers), stream=True),
+        wait_s, draining, model_is_served=True)
 
 
 async def get_from_gateway(http: httpx.AsyncClient, url: str, wait_s: float,
                            draining: Callable[[], bool]) -> httpx.Response:
-    """GET from smg, waiting up to `wait_s` for a restarting smg as `post_to_gateway` does."""
+    """GET from smg, waiting for a restarting smg as `post_to_gateway` does. Only a refused
+    connection is tried again: the path's model id is the client's (`/v1/models/{id}`), so a
+    404 `model_not_found` may be the answer for a wrong id, relayed at once."""
+    return await _waiting_for_gateway(lambda: http.get(url, timeout=5.0), wait_s, draining, model_is_served=False)
+
+
+async def _waiting_for_gateway(send: Callable[[], Awaitable[httpx.Response]], wait_s: float,
+                               draining: Callable[[], bool], *, model_is_served: bool) -> httpx.Response:
+    """`send()` to smg. While the supervisor restarts a dead smg (up to `wait_s`:
+    `RestartPolicy.gateway_wait_s`) the call waits for it instead of failing with an error that
+    only the client's one retry could absorb. Two answers mean smg ran nothing, so trying again
+    is safe: a refused connection, and, when the call names the served model
+    (`model_is_served`), smg's 404 `model_not_found` (a new smg listens before it has
+    registered its workers). No wait once the front drains."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
+
+    def last_try() -> bool:
+        return draining() or loop.time() + GATEWAY_RETRY_S > deadline
+
     while True:
         try:
-            return await http.get(url, timeout=5.0)
+            resp = await send()
         except httpx.ConnectError:
-            if draining() or loop.time() + GATEWAY_RETRY_S > deadline:
+            if last_try():
                 raise
+        else:
+            if not (model_is_served and resp.status_code == 404):
+                return resp
+            body = await resp.aread()  # an error: small
+            await resp.aclose()
+            if b"model_not_found" not in body or last_try():
+                kept = [(k, v) for k, v in resp.headers.raw if k.lower() != b"content-encoding"]
+                return httpx.Response(resp.status_code, headers=kept, stream=httpx.ByteStream(body))
         await asyncio.sleep(GATEWAY_RETRY_S)
 
 
