@@ -40,3 +40,18 @@ def test_a_concluded_tasks_jct_is_taken_back_alike_on_both_paths(take_back: str)
     assert [(j.task_id, j.jct_s) for j in tr.jcts] == [("u", 2.0)]
     # the histogram observed 2 conclusions and never goes down: the take-back is a reopen
     assert tr.reopens_total == 1 and 2 - tr.reopens_total == tr.jct_count
+
+
+def test_a_failed_done_call_after_the_clients_own_done_call_changes_nothing() -> None:
+    """A task id used again: the second run's calls are refused (409, the task was closed), and
+    its `task()` block ends with a failed done call. The first run's own done call stands: its
+    JCT is kept and nothing is counted failed (the failed call used to take the JCT back)."""
+    tr = TaskTracker(idle_timeout_s=10.0, max_history=100)
+    tr.commit_call("t", "s", None, None, True, 0.0, 0.0)
+    tr.end_call("t", "s", True, 3.0, 3.0)
+    tr.task_done("t", 6.0, 6.0)
+    done = tr.finished["t"]
+    before = (done.done_reason, done.jct_s, tr.jct_count, tr.jct_sum, tr.failed, tr.reopens_total)
+    assert done.done_reason == "explicit" and done.jct_s is not None
+    assert tr.task_done("t", 9.0, 9.0, failed=True) == []
+    assert (done.done_reason, done.jct_s, tr.jct_count, tr.jct_sum, tr.failed, tr.reopens_total) == before

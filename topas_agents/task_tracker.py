@@ -266,10 +266,14 @@ class TaskTracker:
     def task_done(self, task_id: str, now_s: float, now_wall: float, failed: bool = False) -> list[Action]:
         """The client says the task is over; `failed`: it failed (no JCT, counted in `failed`)."""
         task = self._known(task_id)
+        closed_before = task.closed_by_client
         task.closed_by_client = True  # whatever it ended as: an abandoned task stayed open to reuse
         if task.task_id not in self.active:
-            if task.done_reason in NO_JCT:
-                return []  # already without a JCT
+            if closed_before or task.done_reason in NO_JCT:
+                # the client's first word on an ended task stands: a later failed done call (a
+                # reused task id's run, refused with 409, closing its block) took the JCT of
+                # the run that had finished under that id
+                return []
             if failed:  # concluded by inference, then failed in the client: no JCT after all
                 self._take_back_jct(task)
                 task.done_reason, task.failed = "failed", True
