@@ -25,12 +25,13 @@ Light: httpx and the label module only.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
 
 from topas_agents.errors import ConfigError, LabelError
+from topas_agents.integrations.task import note_unlabelled_call
 from topas_agents.labels import BODY_KEY, Label, carries_label, current_label, label, label_fields
 
 # the fields a client of its own may fix (label()'s parameters)
@@ -54,11 +55,24 @@ def _body_of(request: httpx.Request) -> dict[str, Any] | None:
     return _json_object(content, request.headers)
 
 
+# The LLM calls a task's label is for (other requests, e.g. /models, need none).
+_LLM_PATHS = ("/chat/completions", "/completions", "/responses")
+
+
+def _note_unlabelled(request: httpx.Request) -> None:
+    """An LLM call with no label in force and none of its own: inside `task(...)` it went out
+    unlabelled without a word (no stage/agent in force); now a warning, once per task."""
+    if request.url.path.rstrip("/").endswith(_LLM_PATHS) and not carries_label(_body_of(request), request.headers.keys()):
+        note_unlabelled_call()
+
+
 def add_label_headers(request: httpx.Request) -> None:
     """httpx request event hook (sync clients): add the label in force as headers, unless the
     request is labelled already."""
     lab = current_label()
-    if lab is not None and not carries_label(_body_of(request), request.headers.keys()):
+    if lab is None:
+        _note_unlabelled(request)
+    elif not carries_label(_body_of(request), request.headers.keys()):
         request.headers = _with_headers(request.headers, lab)
 
 
@@ -83,6 +97,7 @@ def label_request(request: httpx.Request, lab: Label | None) -> httpx.Request:
     if the caller labelled it already: body or headers, the caller's label is kept whole).
     The body must be readable (httpx reads non-streaming bodies when it builds them)."""
     if lab is None:
+        _note_unlabelled(request)
         return request
     body = _body_of(request)
     if carries_label(body, request.headers.keys()):
@@ -182,9 +197,9 @@ def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def _env_mounts(inner: dict[str, Any], kwargs: dict[str, Any], make: Any, wrap: Any) -> dict[str, Any]:
     """HTTP(S)_PROXY / ALL_PROXY / NO_PROXY as httpx applies them to its own transport, for ours:
     httpx reads the environment only when it builds the transport, so a labelled client went
-    straight past a proxy the environment names. Nothing when the caller set a proxy, mounts or
+    straight past a proxy the environment names. Nothing when the caller set a proxy or
     trust_env=False."""
-    if "proxy" in inner or "mounts" in kwargs or not kwargs.get("trust_env", True):
+    if "proxy" in inner or not kwargs.get("trust_env", True):
         return {}
     try:
         from httpx._utils import get_environment_proxies  # httpx's own reading of the environment
@@ -192,6 +207,18 @@ def _env_mounts(inner: dict[str, Any], kwargs: dict[str, Any], make: Any, wrap: 
         return {}
     return {pattern: None if proxy is None else wrap(make(**{**inner, "proxy": proxy}))
             for pattern, proxy in get_environment_proxies().items()}
+
+
+def _mounts(kwargs: dict[str, Any], given: Any, from_env: Callable[[], dict[str, Any]],
+            wrap: Callable[[Any], Any]) -> dict[str, Any]:
+    """The client's mounts, each transport wrapped to label (None: no transport for that pattern,
+    as httpx reads it): the environment's proxies (none when the caller gave a transport), with
+    the caller's `mounts=` over them (popped from `kwargs`; passed on bare, calls routed through
+    them went out unlabelled)."""
+    given_mounts = kwargs.pop("mounts", None) or {}
+    mounts = {} if given is not None else from_env()  # as httpx: the environment's, then the caller's
+    mounts.update({pattern: None if t is None else wrap(t) for pattern, t in given_mounts.items()})
+    return mounts
 
 
 def labelled_http_client(*, task_id: str | None = None, stage: str | None = None, agent: str | None = None,
@@ -207,7 +234,7 @@ def labelled_http_client(*, task_id: str | None = None, stage: str | None = None
     inner, kwargs = _split(kwargs)
     given = kwargs.pop("transport", None)
     wrap = lambda t: LabelTransport(t, fields)  # noqa: E731
-    mounts = {} if given is not None else _env_mounts(inner, kwargs, httpx.HTTPTransport, wrap)
+    mounts = _mounts(kwargs, given, lambda: _env_mounts(inner, kwargs, httpx.HTTPTransport, wrap), wrap)
     return httpx.Client(transport=wrap(given or httpx.HTTPTransport(**inner)), **kwargs,
                         **({"mounts": mounts} if mounts else {}))
 
@@ -221,6 +248,6 @@ def labelled_async_http_client(*, task_id: str | None = None, stage: str | None 
     inner, kwargs = _split(kwargs)
     given = kwargs.pop("transport", None)
     wrap = lambda t: AsyncLabelTransport(t, fields)  # noqa: E731
-    mounts = {} if given is not None else _env_mounts(inner, kwargs, httpx.AsyncHTTPTransport, wrap)
+    mounts = _mounts(kwargs, given, lambda: _env_mounts(inner, kwargs, httpx.AsyncHTTPTransport, wrap), wrap)
     return httpx.AsyncClient(transport=wrap(given or httpx.AsyncHTTPTransport(**inner)), **kwargs,
                              **({"mounts": mounts} if mounts else {}))

@@ -13,9 +13,11 @@ takes the label too), with their `create`, `parse` and `stream`, are labelled.
 The label in force (`topas_agents.label`, contextvars) is added to `extra_body["topas"]` and
 as `X-Topas-*` `extra_headers` (headers only when every field is ASCII: the body carries the
 rest); caller dicts are copied, never mutated. A call that carries its own label (`extra_body`'s
-`topas`, or any X-Topas-* label header) keeps it whole and gets nothing of the one in force. Calls are retried
-with tenacity on connection errors, timeouts, 5xx, 408 and 429 answers (openai's `max_retries`, if
-set, is the number of retries), never on other 4xx; a stream that
+`topas`, or any X-Topas-* label header in `extra_headers` or in the client's `default_headers`)
+keeps it whole and gets nothing of the one in force. Calls are retried
+with tenacity on connection errors, timeouts, 5xx, 408 and 429 answers, `max_retries` times
+(the client's, openai's default 2; or `RetryConfig(attempts=...)`: the wrapper's `max_retries`
+then reports attempts - 1), never on other 4xx; a stream that
 breaks mid-way is re-issued once and resumed (`topas_agents.cluster.stream_retry`). The inner
 client's own retries are switched off (`with_options(max_retries=0)`) so there is exactly one
 retry policy. Works with openai 1.x, 2.x and 3.x (only `extra_body`, `extra_headers`,
@@ -24,8 +26,8 @@ retry policy. Works with openai 1.x, 2.x and 3.x (only `extra_body`, `extra_head
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import openai
@@ -38,12 +40,13 @@ from tenacity import (
 )
 
 from topas_agents.cluster.stream_retry import AsyncResumingStream, ResponsesProgress, ResumingStream
+from topas_agents.integrations.task import note_unlabelled_call
 from topas_agents.labels import BODY_KEY, Label, carries_label, current_label
 
 
 @dataclass(frozen=True, slots=True)
 class RetryConfig:
-    attempts: int = 4
+    attempts: int = 4  # the first call and its retries (`labelled()` without one: max_retries + 1)
     wait_min_s: float = 0.2
     wait_max_s: float = 4.0
 
@@ -88,11 +91,13 @@ def _honouring_retry_after(backoff: Callable[[Any], float]) -> Callable[[Any], f
     return wait
 
 
-def with_label(kwargs: Mapping[str, Any], lab: Label | None) -> dict[str, Any]:
-    """A copy of `kwargs` whose extra_body/extra_headers carry `lab` (caller dicts untouched)."""
+def with_label(kwargs: Mapping[str, Any], lab: Label | None, client_headers: Iterable[str] = ()) -> dict[str, Any]:
+    """A copy of `kwargs` whose extra_body/extra_headers carry `lab` (caller dicts untouched).
+    `client_headers`: the names of the headers the client sends on every call (its
+    `default_headers`)."""
     out = dict(kwargs)
-    if lab is None or carries_label(out.get("extra_body"), out.get("extra_headers") or ()):
-        return out  # an explicit per-call label wins, whole (body or headers)
+    if lab is None or _carries_label(out, client_headers):
+        return out  # an explicit label (per call, or the client's own headers) wins, whole
     body = dict(out.get("extra_body") or {})
     body[BODY_KEY] = lab.to_body()
     out["extra_body"] = body
@@ -105,17 +110,37 @@ def with_label(kwargs: Mapping[str, Any], lab: Label | None) -> dict[str, Any]:
     return out
 
 
+def _carries_label(kwargs: Mapping[str, Any], client_headers: Iterable[str]) -> bool:
+    """The call is labelled already: its extra_body or extra_headers, or the client's default
+    headers (which httpx_labels sees on the request: the two paths disagreed on who won)."""
+    headers = [*(kwargs.get("extra_headers") or ()), *client_headers]
+    return carries_label(kwargs.get("extra_body"), headers)
+
+
+@dataclass(frozen=True, slots=True)
+class _Labeller:
+    """How a client's calls get their label: the label in force (`label_fn`), unless the call or
+    the client (`client_headers`: its default headers' names) carries one."""
+    label_fn: Callable[[], Label | None]
+    client_headers: frozenset[str] = frozenset()
+
+    def apply(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        out = with_label(kwargs, self.label_fn(), self.client_headers)
+        if not _carries_label(out, self.client_headers):
+            note_unlabelled_call()  # inside task(...): a warning, once per task
+        return out
+
+
 class _Endpoint:
     """Wraps one `create` endpoint (chat.completions, completions or responses) and its
     `parse` and `stream` helpers."""
 
-    def __init__(self, target: Any, retry: RetryConfig, is_async: bool,
-                 label_fn: Callable[[], Label | None], resume_streams: bool = True,
-                 progress: Callable[[], Any] | None = None) -> None:
+    def __init__(self, target: Any, retry: RetryConfig, is_async: bool, labeller: _Labeller,
+                 resume_streams: bool = True, progress: Callable[[], Any] | None = None) -> None:
         self._target = target
         self._retry = retry
         self._async = is_async
-        self._label_fn = label_fn
+        self._labeller = labeller
         self._resume = resume_streams
         self._progress = progress  # what a stream's chunks deliver (stream_retry; None: chat's)
 
@@ -123,14 +148,14 @@ class _Endpoint:
     def with_raw_response(self) -> _Endpoint:
         """openai's raw-response variant, labelled and retried like `create` (a raw stream is
         the caller's to read, so it is not resumed). Forwarded bare, its calls went unlabelled."""
-        return _Endpoint(self._target.with_raw_response, self._retry, self._async, self._label_fn,
+        return _Endpoint(self._target.with_raw_response, self._retry, self._async, self._labeller,
                          resume_streams=False)
 
     @property
     def with_streaming_response(self) -> _LabelledOnly:
         """openai's streaming-response variant (a context manager), labelled; not retried:
         the response is opened by the caller's `with`, after this call returns."""
-        return _LabelledOnly(self._target.with_streaming_response, self._label_fn)
+        return _LabelledOnly(self._target.with_streaming_response, self._labeller)
 
     def _retrying_kwargs(self) -> dict[str, Any]:
         r = self._retry
@@ -142,7 +167,7 @@ class _Endpoint:
         }
 
     def create(self, **kwargs: Any) -> Any:
-        call_kwargs = with_label(kwargs, self._label_fn())
+        call_kwargs = self._labeller.apply(kwargs)
         if self._async:
             return self._acreate(call_kwargs)
         result = self._create_once(call_kwargs)
@@ -160,7 +185,7 @@ class _Endpoint:
         getattr(self._target, "parse")  # noqa: B009 - the target's AttributeError, at access
 
         def parse(**kwargs: Any) -> Any:
-            call_kwargs = with_label(kwargs, self._label_fn())
+            call_kwargs = self._labeller.apply(kwargs)
             if self._async:
                 return self._acreate_once(call_kwargs, "parse")
             return self._create_once(call_kwargs, "parse")
@@ -173,7 +198,7 @@ class _Endpoint:
         target = self._target.stream  # the target's AttributeError, at access
 
         def stream(**kwargs: Any) -> Any:
-            return target(**with_label(kwargs, self._label_fn()))
+            return target(**self._labeller.apply(kwargs))
         return stream
 
     def _create_once(self, call_kwargs: dict[str, Any], method: str = "create") -> Any:
@@ -201,20 +226,15 @@ class _Endpoint:
 class _LabelledOnly:
     """A `create` endpoint whose calls get the label in force, and nothing else."""
 
-    def __init__(self, target: Any, label_fn: Callable[[], Label | None]) -> None:
+    def __init__(self, target: Any, labeller: _Labeller) -> None:
         self._target = target
-        self._label_fn = label_fn
+        self._labeller = labeller
 
     def create(self, **kwargs: Any) -> Any:
-        return self._target.create(**with_label(kwargs, self._label_fn()))
+        return self._target.create(**self._labeller.apply(kwargs))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._target, name)
-
-
-class _Namespace:
-    def __init__(self, **attrs: Any) -> None:
-        self.__dict__.update(attrs)
 
 
 class _Overlay:
@@ -229,6 +249,28 @@ class _Overlay:
         return getattr(self._base, name)
 
 
+class _ChatOverlay(_Overlay):
+    """`client.chat`: `completions` labelled, its `with_raw_response` / `with_streaming_response`
+    variants too (a bare namespace had neither: AttributeError), the rest forwarded."""
+
+    completions: _Endpoint
+
+    @property
+    def with_raw_response(self) -> _Overlay:
+        return _Overlay(self._base.with_raw_response, completions=self.completions.with_raw_response)
+
+    @property
+    def with_streaming_response(self) -> _Overlay:
+        return _Overlay(self._base.with_streaming_response, completions=self.completions.with_streaming_response)
+
+
+def _retry_for(client: Any, retry: RetryConfig | None) -> RetryConfig:
+    """The one retry policy: `retry` if given, else the client's `max_retries` retries (openai's
+    default 2 included: a 4-attempt default made `max_retries` say 2 while 3 retries happened,
+    and an explicit max_retries=2 could not be told from the default)."""
+    return retry if retry is not None else RetryConfig(attempts=client.max_retries + 1)
+
+
 class LabelledClient:
     """A thin proxy over an `openai.OpenAI` / `openai.AsyncOpenAI` client."""
 
@@ -237,26 +279,34 @@ class LabelledClient:
         is_async = isinstance(client, openai.AsyncOpenAI)
         if not is_async and not isinstance(client, openai.OpenAI):
             raise TypeError(f"expected openai.OpenAI or openai.AsyncOpenAI, got {type(client).__name__}")
-        if retry is None and client.max_retries != openai.DEFAULT_MAX_RETRIES:
-            # the caller set max_retries: the one retry policy honours it (it was replaced by 4 attempts)
-            retry = RetryConfig(attempts=client.max_retries + 1)
-        retry = retry or RetryConfig()
+        retry = _retry_for(client, retry)
         inner = client.with_options(max_retries=0)
         self._client = client
         self._inner = inner
         self._retry = retry
         self._label_fn = label_fn
-        self.chat = _Namespace(completions=_Endpoint(inner.chat.completions, retry, is_async, label_fn))
-        self.completions = _Endpoint(inner.completions, retry, is_async, label_fn)
+        labeller = _Labeller(label_fn, frozenset(client.default_headers))
+        self._labeller = labeller
+        self.chat = _ChatOverlay(inner.chat, completions=_Endpoint(inner.chat.completions, retry, is_async, labeller))
+        self.completions = _Endpoint(inner.completions, retry, is_async, labeller)
         responses = getattr(inner, "responses", None)  # the Responses API: openai >= 1.66
         if responses is not None:
             # labelled and retried; a cut event stream is re-issued once and resumed
-            self.responses = _Endpoint(responses, retry, is_async, label_fn, progress=ResponsesProgress)
+            self.responses = _Endpoint(responses, retry, is_async, labeller, progress=ResponsesProgress)
+
+    @property
+    def max_retries(self) -> int:
+        """How many times a failed call is retried (the wrapper's policy; its inner client's are off)."""
+        return self._retry.attempts - 1
 
     def with_options(self, **options: Any) -> LabelledClient:
         """`client.with_options(...)`, still labelled (forwarded bare, it returned the plain
-        client, whose calls went unlabelled)."""
-        return LabelledClient(self._client.with_options(**options), self._retry, self._label_fn)
+        client, whose calls went unlabelled). `max_retries=N` sets the wrapper's retries (N + 1
+        attempts, the same waits); it was ignored."""
+        retry = self._retry
+        if options.get("max_retries") is not None:
+            retry = replace(retry, attempts=options["max_retries"] + 1)
+        return LabelledClient(self._client.with_options(**options), retry, self._label_fn)
 
     copy = with_options  # openai's alias
 
@@ -276,7 +326,7 @@ class LabelledClient:
         endpoints = {"completions": getattr(self.completions, name)}
         if hasattr(self, "responses"):
             endpoints["responses"] = getattr(self.responses, name)
-        return _Overlay(base, chat=_Overlay(base.chat, completions=getattr(self.chat.completions, name)), **endpoints)
+        return _Overlay(base, chat=getattr(self.chat, name), **endpoints)
 
     @property
     def beta(self) -> Any:
@@ -288,8 +338,8 @@ class LabelledClient:
         if chat is None or not hasattr(chat, "completions"):
             return beta
         is_async = isinstance(self._client, openai.AsyncOpenAI)
-        return _Overlay(beta, chat=_Overlay(chat, completions=_Endpoint(chat.completions, self._retry, is_async,
-                                                                         self._label_fn)))
+        return _Overlay(beta, chat=_ChatOverlay(chat, completions=_Endpoint(chat.completions, self._retry, is_async,
+                                                                             self._labeller)))
 
     @property
     def api_key(self) -> Any:
@@ -308,5 +358,9 @@ class LabelledClient:
 
 
 def labelled(client: Any, retry: RetryConfig | None = None) -> LabelledClient:
-    """Wrap `client` so every chat/completions call carries the current Topas label."""
+    """Wrap `client` so every chat/completions call carries the current Topas label. A client
+    wrapped already is returned as it is (or re-wrapped with `retry`, when given): wrapping
+    twice raised TypeError."""
+    if isinstance(client, LabelledClient):
+        return client if retry is None else LabelledClient(client.raw, retry, client._label_fn)
     return LabelledClient(client, retry)

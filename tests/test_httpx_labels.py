@@ -5,6 +5,7 @@ LiteLLM/CrewAI build theirs (`http_client=` an httpx client we made)."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import openai
@@ -325,3 +326,27 @@ def test_task_refuses_an_empty_id_and_a_non_string_url():
     with pytest.raises(ConfigError, match="base_url must be a string"):
         task("t", base_url=5)
     assert task().handle.task_id.startswith("task-")  # None still means a fresh id
+
+
+def test_the_callers_mounts_are_labelled_too():
+    # before: labelled_http_client(mounts=...) passed the caller's transports to httpx bare, so
+    # every call routed through one went out unlabelled without a word
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={})
+
+    # a None mount (httpx: no proxy for that pattern) stays None
+    sync = hl.labelled_http_client(mounts={"http://127.0.0.1": httpx.MockTransport(answer), "http://skip": None})
+    with label(task_id="m1", stage="s", agent="a"):
+        sync.post("http://127.0.0.1:9/v1/chat/completions", json={"model": "m"})
+
+    async def run() -> None:
+        client = hl.labelled_async_http_client(mounts={"all://": httpx.MockTransport(answer)})
+        with label(task_id="m2", stage="s", agent="a"):
+            await client.post("http://127.0.0.1:9/v1/chat/completions", json={"model": "m"})
+
+    asyncio.run(run())
+    assert [(r.headers["x-topas-task-id"], json.loads(r.content)["topas"]["task_id"]) for r in seen] == \
+        [("m1", "m1"), ("m2", "m2")]

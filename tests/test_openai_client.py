@@ -400,3 +400,66 @@ def test_a_cut_responses_stream_is_reissued_once_and_resumed(server):
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "hello world"
     assert [e.type for e in events].count("response.created") == 1 and events[-1].type == "response.completed"
     assert stream.resumed == 1 and [b["topas"]["task_id"] for _, b in rec.requests] == ["cut-r", "cut-r"]
+
+
+def test_with_options_and_copy_set_the_wrappers_retries(server):
+    # before: labelled(c).with_options(max_retries=0) / .copy(max_retries=0) kept the old policy
+    # and still made every attempt of it
+    url, rec = server
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    for variant, retries in ((client.with_options(max_retries=0), 0), (client.copy(max_retries=1), 1)):
+        rec.requests.clear()
+        rec.statuses = [503] * FAST_RETRY.attempts
+        with pytest.raises(openai.InternalServerError):
+            variant.chat.completions.create(model="m", messages=MSG)
+        assert variant.max_retries == retries and len(rec.requests) == retries + 1
+    assert client.with_options(timeout=5).max_retries == FAST_RETRY.attempts - 1  # the policy carries over
+
+
+def test_max_retries_says_how_many_retries_happen(server):
+    # before: labelled(OpenAI()) reported openai's max_retries (2) but retried 3 times, and an
+    # explicit OpenAI(max_retries=2) could not be told from the default
+    url, rec = server
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"))
+    assert client.max_retries == openai.DEFAULT_MAX_RETRIES
+    rec.statuses = [503] * (client.max_retries + 2)
+    with pytest.raises(openai.InternalServerError):
+        client.chat.completions.create(model="m", messages=MSG)
+    assert len(rec.requests) == client.max_retries + 1
+    assert labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY).max_retries == FAST_RETRY.attempts - 1
+
+
+def test_chats_own_response_variants_are_there_and_labelled(server):
+    # before: labelled(c).chat.with_raw_response / .with_streaming_response raised AttributeError
+    url, rec = server
+    client = labelled(openai.OpenAI(base_url=url, api_key="x"), FAST_RETRY)
+    with label(task_id="t-chat-var", stage="s", agent="a"):
+        raw = client.chat.with_raw_response.completions.create(model="m", messages=MSG)
+        with client.chat.with_streaming_response.completions.create(model="m", messages=MSG) as rsp:
+            rsp.read()
+    assert raw.parse().choices[0].message.content == "ok"
+    assert [(h["x-topas-task-id"], b["topas"]["task_id"]) for h, b in rec.requests] == [("t-chat-var",) * 2] * 2
+
+
+def test_a_label_in_the_clients_default_headers_wins_on_both_paths(server):
+    # before: labelled() added the label in force to the body (which servers read first) over the
+    # client's X-Topas-* default headers, while the httpx transport kept the headers' label
+    from topas_agents.integrations.httpx_labels import labelled_http_client
+
+    url, rec = server
+    own = {"X-Topas-Task-Id": "hdr", "X-Topas-Stage": "hs", "X-Topas-Agent": "ha"}
+    clients = [labelled(openai.OpenAI(base_url=url, api_key="x", default_headers=own), FAST_RETRY),
+               openai.OpenAI(base_url=url, api_key="x", default_headers=own, http_client=labelled_http_client())]
+    with label(task_id="ctx", stage="cs", agent="ca"):
+        for client in clients:
+            client.chat.completions.create(model="m", messages=MSG)
+    assert [("topas" in b, h["x-topas-task-id"], h["x-topas-stage"]) for h, b in rec.requests] == \
+        [(False, "hdr", "hs")] * len(clients)
+
+
+def test_labelled_twice_is_the_same_wrapper():
+    # before: labelled(labelled(c)) raised TypeError
+    once = labelled(openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x"))
+    assert labelled(once) is once
+    again = labelled(once, FAST_RETRY)
+    assert again.raw is once.raw and again.max_retries == FAST_RETRY.attempts - 1

@@ -91,8 +91,10 @@ def _text(data: Mapping[str, Any], key: str, required: bool) -> str | None:
         return None
     if not isinstance(value, str):
         raise LabelError(key, f"must be a string, got {type(value).__name__}")
-    if not value.strip():
+    if not value:
         raise LabelError(key, "must not be empty")
+    if not value.strip():  # "\u2028" was refused as "empty"
+        raise LabelError(key, f"is whitespace only ({_clip(value)})")
     if len(value) > MAX_LABEL_CHARS:
         raise LabelError(key, f"longer than {MAX_LABEL_CHARS} characters")
     problem = text_problem(value)

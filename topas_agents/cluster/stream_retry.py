@@ -8,7 +8,9 @@ re-issue the same call once (a second break raises: `StreamCutError`, or the err
 the label) and skip the text already delivered, so the caller sees every character once and
 the usage chunk of the call that finished. Resuming assumes the replay produces the same
 text prefix (true for the simulated replicas; for a sampled LLM the caller gets the new
-call's text after the delivered length).
+call's text after the delivered length). Nothing is re-issued once a choice's `finish_reason`
+(or the final response event) has arrived, nor after the caller's own `close()`: iteration then
+simply ends.
 """
 
 from __future__ import annotations
@@ -163,6 +165,13 @@ class ResponsesProgress(_Replay):
         return event if event.delta else None
 
 
+def _over(progress: _Replay, closed: bool) -> bool:
+    """The stream needs no re-issue, whether it ended or broke: the caller closed it (its own
+    read then fails or stops short), or the final chunk/event arrived (a cut after it, before
+    `[DONE]`, lost nothing: re-issuing sent the call twice and repeated the final chunk)."""
+    return closed or progress.finished
+
+
 class ResumingStream:
     """Iterate like the `openai.Stream` it wraps; re-opens the call once if it breaks.
     `progress`: what a chunk or event delivers (default: chat and completion chunks;
@@ -176,6 +185,9 @@ class ResumingStream:
         self._progress = progress or _Progress
         self.resumed = 0  # how many times the call was re-issued
         self._it: Iterator[Any] | None = None
+        # The caller closed it: the read error (or early end) that follows is the close, not a
+        # break, and re-issuing it sent the whole call again and kept yielding text.
+        self._closed = False
 
     def __next__(self) -> Any:
         if self._it is None:
@@ -184,19 +196,19 @@ class ResumingStream:
 
     def __iter__(self) -> Iterator[Any]:
         progress = self._progress()
-        while True:
+        while not self._closed:
             try:
                 for chunk in self._stream:
                     out = progress.admit(chunk)
                     if out is not None:
                         yield out
-                if progress.finished:
-                    return
                 error: BaseException | None = None
             except Exception as exc:
-                if not transient(exc):
+                if not transient(exc) and not self._closed:
                     raise
                 error = exc
+            if _over(progress, self._closed):
+                return
             if self.resumed >= self._attempts:
                 raise error if error is not None else _cut(self.resumed)
             with contextlib.suppress(Exception):
@@ -206,6 +218,8 @@ class ResumingStream:
             self._stream = self._reopen()
 
     def close(self) -> None:
+        """Close the response; iterating after this ends at once (nothing is re-issued)."""
+        self._closed = True
         self._stream.close()
 
     def __enter__(self) -> ResumingStream:
@@ -229,6 +243,7 @@ class AsyncResumingStream:
         self._progress = progress or _Progress
         self.resumed = 0
         self._ait: AsyncIterator[Any] | None = None
+        self._closed = False  # the caller closed it (see ResumingStream)
 
     async def __anext__(self) -> Any:
         if self._ait is None:
@@ -237,19 +252,19 @@ class AsyncResumingStream:
 
     async def __aiter__(self) -> AsyncIterator[Any]:
         progress = self._progress()
-        while True:
+        while not self._closed:
             try:
                 async for chunk in self._stream:
                     out = progress.admit(chunk)
                     if out is not None:
                         yield out
-                if progress.finished:
-                    return
                 error: BaseException | None = None
             except Exception as exc:
-                if not transient(exc):
+                if not transient(exc) and not self._closed:
                     raise
                 error = exc
+            if _over(progress, self._closed):
+                return
             if self.resumed >= self._attempts:
                 raise error if error is not None else _cut(self.resumed)
             with contextlib.suppress(Exception):
@@ -259,6 +274,8 @@ class AsyncResumingStream:
             self._stream = await self._reopen()
 
     async def close(self) -> None:
+        """Close the response; iterating after this ends at once (nothing is re-issued)."""
+        self._closed = True
         await self._stream.close()
 
     async def __aenter__(self) -> AsyncResumingStream:
