@@ -297,6 +297,8 @@ def _add_topas_routes(app: FastAPI, svc: SimService, fits: Callable[[Workflow], 
             body["error"] = str(svc.loop.failure)
         if svc.stalled_since is not None:  # requests wait, nothing runs: the policy admits none
             body["stalled_s"] = round(asyncio.get_running_loop().time() - svc.stalled_since, 3)
+        if advancing := svc.advancing_s():  # a decision in progress (off the event loop)
+            body["advancing_s"] = round(advancing, 3)
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/v1/topas/stats")

@@ -58,6 +58,10 @@ class ServerConfig:
     # client, not the server, closes it: at uvicorn's 5 s both closed together, and a call sent
     # on a connection the server was closing failed (1 call in 1000, under load).
     keep_alive_s: float = 75.0
+    # An engine advance (a policy decision, mostly) running this long makes /health answer 503
+    # "stalled": decisions run off the event loop, so /health answers during one, and a hung
+    # policy would otherwise read "ok" for ever. Far above any decision measured (tens of ms).
+    stuck_advance_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.engine not in ("sim", "sglang"):
@@ -70,7 +74,7 @@ class ServerConfig:
             raise ConfigError(f"--kv-budget must be a positive integer, got {self.kv_budget}")
         if self.responder == "replay" and not self.replay_file:
             raise ConfigError("--responder replay needs --replay-file F.jsonl")
-        for name in ("stream_interval_s", "task_idle_timeout_s", "drain_timeout_s", "keep_alive_s"):
+        for name in ("stream_interval_s", "task_idle_timeout_s", "drain_timeout_s", "keep_alive_s", "stuck_advance_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"{name} must be a number >= 0, got {value}")

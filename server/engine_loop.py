@@ -22,10 +22,11 @@ import collections
 import contextlib
 import logging
 import math
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ..engine import Engine
 from .api_errors import ApiError
@@ -36,6 +37,54 @@ T = TypeVar("T")
 # once per SLOW_WARNING_EVERY_S: a slow policy would otherwise log at every decision.
 SLOW_ADVANCE_S = 0.5
 SLOW_WARNING_EVERY_S = 60.0
+
+
+class _AdvanceJob(NamedTuple):
+    target: float
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future
+
+
+class _AdvanceThread:
+    """One daemon thread that runs the engine's advances, one at a time, in order. A daemon (not
+    a ThreadPoolExecutor's worker, which the interpreter joins at exit): a process whose policy
+    hangs in a decision must still exit, as it did when decisions ran on the event loop."""
+
+    def __init__(self, advance: Callable[[float], Exception | None]) -> None:
+        self._advance = advance
+        self._jobs: queue.SimpleQueue[_AdvanceJob | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="topas-engine", daemon=True)
+        self._thread.start()
+
+    def run(self, target: float) -> asyncio.Future:
+        """The advance to `target`, queued; the future gets its result on the calling loop."""
+        loop = asyncio.get_running_loop()
+        job = _AdvanceJob(target, loop, loop.create_future())
+        self._jobs.put(job)
+        return job.done
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                outcome: Any = self._advance(job.target)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task as is
+                outcome = exc
+            try:
+                job.loop.call_soon_threadsafe(_settle, job.done, outcome)
+            except RuntimeError:  # the loop closed while this advance ran: nobody waits for it
+                return
+
+
+def _settle(done: asyncio.Future, outcome: Any) -> None:
+    if done.cancelled():
+        return
+    if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+        done.set_exception(outcome)
+    else:
+        done.set_result(outcome)
 
 
 class EngineLoop:
@@ -59,7 +108,8 @@ class EngineLoop:
         self.failure: BaseException | None = None
         self._last_slow_warning = -math.inf
         # one thread: advances stay in order, and an engine bound to a thread keeps one
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="topas-engine") if advance_in_thread else None
+        self._worker = _AdvanceThread(self._advance_to) if advance_in_thread else None
+        self.advancing_since: float | None = None  # loop time an advance in the worker began
 
     @property
     def max_sleep_s(self) -> float:
@@ -93,7 +143,7 @@ class EngineLoop:
         if self._task is not None:
             await self._task
         if self._worker is not None:
-            self._worker.shutdown(wait=False)
+            self._worker.stop()
 
     def target_now(self) -> float:
         """The simulated time that corresponds to the wall clock now."""
@@ -143,12 +193,18 @@ class EngineLoop:
         if self._worker is None or due is None or due > target:  # nothing to process: the clock moves
             failed = self._advance_to(target)
         else:
-            failed = await asyncio.get_running_loop().run_in_executor(self._worker, self._advance_to, target)
+            self.advancing_since = asyncio.get_running_loop().time()
+            try:
+                failed = await self._worker.run(target)
+            finally:
+                self.advancing_since = None
+        # what the advance completed reaches its calls first: a call that finished before the
+        # engine failed keeps its answer
+        self._guarded(self._after_advance)
         if failed is not None:
             self.failure = failed
             self._guarded(lambda e=failed: self._on_failure(e))
         self._warn_if_slow(time.perf_counter() - started)
-        self._guarded(self._after_advance)
 
     def _advance_to(self, target: float) -> Exception | None:
         """Advance the engine (in the worker thread, or inline); its exception, not raised."""

@@ -130,7 +130,14 @@ class SimService:
     def status(self) -> str:
         if self.loop.failure is not None:
             return "failed"
+        if self.advancing_s() > self.config.stuck_advance_s:
+            return "stalled"  # a decision that never ends: /health answers during it, so says so
         return "draining" if self.draining else "ok"
+
+    def advancing_s(self) -> float:
+        """Wall seconds the engine's advance in progress (in its worker thread) has run; 0 if none."""
+        since = self.loop.advancing_since
+        return 0.0 if since is None else asyncio.get_running_loop().time() - since
 
     # ------------------------------------------------------------------ calls
 
@@ -209,6 +216,8 @@ class SimService:
         return SimulatedReply(text, natural, call.max_tokens or natural, done, tool)
 
     def _submit(self, rid: str, call: ParsedCall, lab: ResolvedLabel, endpoint: str) -> Call:
+        if lab.workflow is not None:  # a tenant's first call to a shared workflow: the engine sees it now
+            self.registry.publish(lab.workflow)
         try:
             arrival, known = self.tracker.check_call(lab.task_id, lab.workflow_name)
         except TaskError as exc:

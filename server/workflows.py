@@ -37,6 +37,10 @@ class WorkflowRegistry:
         self._shared: dict[str, Workflow] = {}  # --workflow at start
         self._own: dict[tuple[str, str], Workflow] = {}  # (tenant, name) -> as uploaded
         self._engine: dict[str, Workflow] = {}  # engine name -> engine copy
+        # a tenant's first copy of a shared workflow, made by a call's label (on the event loop)
+        # and handed to the engine by `publish` in the engine task: the engine iterates the
+        # mapping while it advances in its worker thread
+        self._unpublished: dict[str, Workflow] = {}
         self._max_uploads = max_uploads
         self._max_upload_bytes = max_upload_bytes
         self._uploaded: dict[Tenant, tuple[int, int]] = {}  # tenant -> (workflows, bytes)
@@ -65,9 +69,16 @@ class WorkflowRegistry:
         if wf is None or tenant is None:
             return wf
         key = qualify(tenant, name)
-        if key not in self._engine:
-            self._engine[key] = engine_workflow(tenant, wf)
-        return self._engine[key]
+        if key in self._engine:
+            return self._engine[key]
+        if key not in self._unpublished:
+            self._unpublished[key] = engine_workflow(tenant, wf)
+        return self._unpublished[key]
+
+    def publish(self, wf: Workflow) -> None:
+        """Make a copy from `engine_copy` visible to the engine (call it in the engine task)."""
+        if wf.name not in self._engine and self._unpublished.get(wf.name) is wf:
+            self._engine[wf.name] = self._unpublished.pop(wf.name)
 
     def agent_conflicts(self, wf: Workflow, tenant: Tenant = None) -> list[str]:
         """Agents of `wf` that a workflow `tenant` sees declares with another prefix size. An

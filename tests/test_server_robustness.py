@@ -375,3 +375,119 @@ def test_a_slow_policy_decision_does_not_hold_the_event_loop() -> None:
         assert answered_s < 0.5, f"/health and /v1/models took {answered_s:.2f} s during a 1.5 s decision"
     finally:
         handle.stop()
+
+
+def _hi() -> dict:
+    return {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_a_hung_decision_reads_stalled_on_health_and_the_process_still_exits(tmp_path) -> None:
+    """/health answers during a decision (off the event loop), so a hung one must say so: 503
+    `stalled` past `stuck_advance_s`. And the advance thread is a daemon: a process whose policy
+    never returns exits once its script is done (the interpreter joined a pool's worker)."""
+    script = tmp_path / "hung.py"
+    script.write_text(f'''
+import sys, threading, time
+sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
+import httpx
+from test_server_fake import FakeEngine
+from topas_agents.engine import EngineRequest
+from topas_agents.server import ServerConfig, start_server_in_thread
+
+deciding = threading.Event()
+
+class Hung(FakeEngine):
+    def advance(self, until):
+        if self.waiting:
+            deciding.set()
+            time.sleep(600)
+        super().advance(until)
+
+handle = start_server_in_thread(ServerConfig(time_scale=1.0, drain_timeout_s=0.5, stuck_advance_s=0.5),
+                                engine_factory=lambda c, w: (Hung(), EngineRequest))
+threading.Thread(target=lambda: httpx.post(handle.base_url + "/v1/chat/completions", timeout=600,
+                                           json={_hi()!r}), daemon=True).start()
+assert deciding.wait(10)
+time.sleep(1.0)
+r = httpx.get(handle.base_url + "/health", timeout=5)
+print(r.status_code, r.json()["status"], r.json()["advancing_s"] >= 0.5, flush=True)
+handle.stop(timeout_s=1.0)
+''')
+    import subprocess
+    import sys
+
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["503", "stalled", "True"]
+    assert time.monotonic() - started < 60  # not the decision's 600 s
+
+
+def test_a_call_finished_in_an_advance_that_then_fails_keeps_its_answer() -> None:
+    from test_server_fake import FakeEngine
+
+    class FinishThenFail(FakeEngine):
+        def advance(self, until: float) -> None:
+            finished: list[str] = []
+            report = self.on_finish
+            self.on_finish = lambda rid, t: (finished.append(rid), report(rid, t))
+            try:
+                super().advance(until)
+            finally:
+                self.on_finish = report
+            if finished:
+                raise RuntimeError("policy bug right after a finish")
+
+    handle = start_server_in_thread(ServerConfig(time_scale=100.0),
+                                    engine_factory=lambda c, w: (FinishThenFail(), EngineRequest))
+    try:
+        r = httpx.post(handle.base_url + "/v1/chat/completions", timeout=30, json=_hi())
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+        assert httpx.get(handle.base_url + "/health", timeout=5).json()["status"] == "failed"
+    finally:
+        handle.stop()
+
+
+def test_a_tenants_first_call_to_a_shared_workflow_does_not_race_a_decision() -> None:
+    """A key's first call to a `--workflow` makes its copy of it; made in the HTTP handler while a
+    policy iterated the engine's workflows (in the advance thread), it failed the engine for good
+    ('dictionary changed size during iteration')."""
+    from topas_agents.server.engine_factory import sim_engine_factory
+
+    iterating = threading.Event()
+
+    class SlowOverWorkflows:
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+        def decide(self, snap):
+            for _ in snap.workflows.values():
+                iterating.set()
+                time.sleep(0.3)
+            return self.inner.decide(snap)
+
+    def factory(config, workflows):
+        engine, request = sim_engine_factory(config, workflows)
+        engine.policy = SlowOverWorkflows(engine.policy)
+        return engine, request
+
+    handle = start_server_in_thread(ServerConfig(time_scale=100.0, workflows=("chain3",), api_keys=("k1", "k2")),
+                                    engine_factory=factory)
+
+    def call(key: str, task: str) -> int:
+        body = {**_hi(), "topas": {"task_id": task, "stage": "s1", "agent": "a", "workflow": "chain3"}}
+        return httpx.post(handle.base_url + "/v1/chat/completions", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {key}"}).status_code
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(call, "k1", "t1")
+            assert iterating.wait(10)
+            second = pool.submit(call, "k2", "t2")
+            assert (first.result(), second.result()) == (200, 200)
+        assert httpx.get(handle.base_url + "/health", timeout=5).json()["status"] == "ok"
+    finally:
+        handle.stop()
