@@ -5,8 +5,10 @@ capacity, `bench.capacity`) and each (policy, router) pair, the same Poisson tra
 on N engines behind the router (`cosim.simulate_cluster`). Summary, by the paper's rule:
 mean and p99 JCT averaged over the operating points, compared with the best baseline pair
 (the lowest average among pairs whose policy is one of the paper's baselines). The
-`headline` compares Topas with its best router against LPM behind cache-aware routing
-(SGLang's default: LPM in the engine, cache_aware in the router).
+`headlines` compare each Topas policy that ran with its best router against LPM behind
+cache-aware routing (SGLang's default: LPM in the engine, cache_aware in the router) and
+against the best baseline pair, every number from that one router (headline.py); `headline`
+is the recommended `topas`'s, else the first Topas policy's.
 
 `scaling` (optional): for replica counts 1..8, the highest arrival rate whose p99 JCT stays
 under a fixed target (bisection on the load), and scaling efficiency
@@ -29,6 +31,7 @@ from ..policies import BASELINES
 from ..sim import make_trace
 from ..workflow import Workflow
 from .cosim import ClusterRun, simulate_cluster
+from .headline import SGLANG_DEFAULT_PAIR, best_pair, headline_policies, pair_policy, with_headlines
 from .routing import ROUTERS, make_router
 
 # Bisection steps for the highest load meeting the p99 target: 6 halve [0.05, 1.2] to ~0.02.
@@ -64,6 +67,13 @@ class ClusterBenchConfig:
             raise ConfigError("replica counts and tasks per replica must be >= 1")
         from ..bench.protocol import LIMITS, check_range
 
+        # a run's trace is K x replicas tasks: the bound --tasks has for one run (hours past it)
+        most = max((*self.replicas, *(self.scaling_replicas if self.scaling_pairs else ())))
+        if self.tasks_per_replica * most > LIMITS.tasks[1]:
+            where = "" if most in self.replicas else " (--scaling's largest)"
+            raise ConfigError(f"--tasks-per-replica {self.tasks_per_replica} x {most} replicas{where}: "
+                              f"{self.tasks_per_replica * most} tasks per run is outside the supported range "
+                              f"[{LIMITS.tasks[0]}, {LIMITS.tasks[1]}]")
         # the workflow's own `loads:` stand in for --load: the same range as the single-GPU bench
         check_range(self.loads or self.workflow.loads, LIMITS.load,
                     "load" if self.loads else f"workflow {self.workflow.name!r} `loads:`")
@@ -87,25 +97,30 @@ def _summary(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     pairs = list(points[0]["results"]) if points else []
     avg = {p: {k: _avg([pt["results"][p][k] for pt in points]) for k in ("mean_jct", "p99_jct")} for p in pairs}
     out: dict[str, Any] = {"pairs": avg}
-    baseline_pairs = [p for p in pairs if p.split("+")[0] in BASELINES]
+    baseline_pairs = [p for p in pairs if pair_policy(p) in BASELINES]
     for key in ("mean_jct", "p99_jct"):
         if baseline_pairs:
             best = min(baseline_pairs, key=lambda p, k=key: avg[p][k])
             out[f"best_baseline_{key}"] = {"pair": best, "value": avg[best][key]}
-    topas = [p for p in pairs if p.split("+")[0] == "topas"]
-    if topas:
-        best_t = min(topas, key=lambda p: avg[p]["mean_jct"])
-        head: dict[str, Any] = {"topas_best_router": best_t, "topas": avg[best_t]}
-        if "lpm+cache" in avg:
-            head["lpm+cache"] = avg["lpm+cache"]
-            head["mean_jct_vs_lpm_cache"] = avg[best_t]["mean_jct"] / avg["lpm+cache"]["mean_jct"]
-            head["p99_jct_vs_lpm_cache"] = avg[best_t]["p99_jct"] / avg["lpm+cache"]["p99_jct"]
-        if "best_baseline_mean_jct" in out:
-            head["mean_jct_vs_best_baseline"] = avg[best_t]["mean_jct"] / out["best_baseline_mean_jct"]["value"]
-            head["p99_jct_vs_best_baseline"] = (min(avg[p]["p99_jct"] for p in topas)
-                                                / out["best_baseline_p99_jct"]["value"])
-        out["headline"] = head
-    return out
+    heads = {}
+    for policy in headline_policies(pairs):
+        best_t = best_pair(policy, pairs, lambda p: avg[p]["mean_jct"])
+        if best_t is not None:
+            heads[policy] = _headline(policy, best_t, avg, out)
+    return with_headlines(out, heads)
+
+
+def _headline(policy: str, best: str, avg: Mapping[str, Mapping[str, float]], out: Mapping[str, Any]) -> dict[str, Any]:
+    """`policy` behind its router `best`: every number is that pair's (headline.py)."""
+    head: dict[str, Any] = {"policy": policy, "topas_best_router": best, "topas": dict(avg[best])}
+    if SGLANG_DEFAULT_PAIR in avg:
+        head[SGLANG_DEFAULT_PAIR] = avg[SGLANG_DEFAULT_PAIR]
+        for key in ("mean_jct", "p99_jct"):
+            head[f"{key}_vs_lpm_cache"] = avg[best][key] / avg[SGLANG_DEFAULT_PAIR][key]
+    for key in ("mean_jct", "p99_jct"):
+        if f"best_baseline_{key}" in out:
+            head[f"{key}_vs_best_baseline"] = avg[best][key] / out[f"best_baseline_{key}"]["value"]
+    return head
 
 
 def _max_rate(cfg: ClusterBenchConfig, policy: str, router: str, n: int, target: float) -> float:

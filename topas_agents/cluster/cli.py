@@ -12,7 +12,9 @@ import argparse
 import sys
 from typing import Any
 
-from ..cli.args import positive_float, positive_int, write_json
+from ..bench.options import parse_positive_int
+from ..bench.protocol import LIMITS, check_range
+from ..cli.args import positive_float, write_json
 from ..errors import ConfigError
 from .routing import ROUTERS
 
@@ -31,6 +33,11 @@ def check_cluster_flags(args: argparse.Namespace) -> None:
             raise ConfigError(f"{given[0]} applies to the simulated cluster only: add --replicas N")
     if getattr(args, "p99_target", None) is not None and not getattr(args, "scaling", None):
         raise ConfigError("--p99-target applies to --scaling only")
+    if getattr(args, "replicas", None) and getattr(args, "protocol", None):
+        # it set the seeds but not its 200 tasks a run or the paper's stated rates (per engine:
+        # no cluster meaning), and nothing said so
+        raise ConfigError(f"--protocol {args.protocol} applies to the single-engine bench and --suite, not "
+                          "--replicas: give --seeds, --load and --tasks-per-replica")
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -43,6 +50,17 @@ def _ints(text: str) -> tuple[int, ...]:
     if len(set(values)) < len(values):  # as --seeds: a repeated count would run twice
         raise argparse.ArgumentTypeError(f"a replica count is given twice in {text!r}")
     return values
+
+
+def _tasks_per_replica(text: str) -> int:
+    """As --tasks: a positive integer within the tasks a run supports (`bench.protocol.LIMITS`;
+    the run's own size, K x replicas, is checked against it too: `ClusterBenchConfig`)."""
+    try:
+        value = parse_positive_int(text, "--tasks-per-replica")
+        check_range((value,), LIMITS.tasks, "--tasks-per-replica")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--tasks-per-replica: ")) from None
+    return value
 
 
 def _routers(text: str) -> tuple[str, ...]:
@@ -78,8 +96,8 @@ def add_cluster_bench_options(p: argparse.ArgumentParser) -> None:
                    "with --seeds: the paper rule per seed, then mean and 95%% CI over seeds (--jobs: seeds in parallel)")
     g.add_argument("--router", type=_routers, default=None, metavar="R[,R2...]",
                    help=f"--replicas: routers to compare (default all: {','.join(ROUTERS)})")
-    g.add_argument("--tasks-per-replica", type=positive_int, default=None, metavar="K",
-                   help="--replicas: tasks per run = K x replicas (default 40)")
+    g.add_argument("--tasks-per-replica", type=_tasks_per_replica, default=None, metavar="K",
+                   help=f"--replicas: tasks per run = K x replicas, at most {LIMITS.tasks[1]} (default 40)")
     g.add_argument("--scaling", type=_pairs, default=(), metavar="POLICY+ROUTER[,...]",
                    help="--replicas: also the max rate under a p99 target at 1,2,4,8 replicas and scaling efficiency")
     g.add_argument("--p99-target", type=positive_float, default=None, metavar="S",
@@ -125,10 +143,10 @@ def format_cluster_table(doc: dict[str, Any]) -> str:
         lines.append(f"\n{block['replicas']} replicas")
         for pair, v in sorted(s["pairs"].items(), key=lambda kv: kv[1]["mean_jct"]):
             lines.append(f"  {pair:24s} mean {v['mean_jct']:9.2f}  p99 {v['p99_jct']:9.2f}")
-        head = s.get("headline")
-        if head and "mean_jct_vs_lpm_cache" in head:
-            lines.append(f"  {head['topas_best_router']} vs lpm+cache: mean x{head['mean_jct_vs_lpm_cache']:.3f}, "
-                         f"p99 x{head['p99_jct_vs_lpm_cache']:.3f}")
+        for head in s.get("headlines", {}).values():  # one per Topas policy (headline.py)
+            if "mean_jct_vs_lpm_cache" in head:
+                lines.append(f"  {head['topas_best_router']} vs lpm+cache: mean x{head['mean_jct_vs_lpm_cache']:.3f}, "
+                             f"p99 x{head['p99_jct_vs_lpm_cache']:.3f}")
     for sc in doc.get("scaling", []):
         rows = ", ".join(f"{r['replicas']}: {r['max_rate_rps']:.3f}/s"
                          + (f" (eff {r['efficiency']:.2f})" if r["efficiency"] is not None else "")
@@ -159,8 +177,7 @@ def format_cluster_seeds_table(doc: dict[str, Any]) -> str:
         for pair, v in ranked:
             lines.append(f"  {pair:24s} {_ci(v['mean_jct']):24s} {_ci(v['p99_jct']):24s} "
                          f"{_ci(v['mean_jct_vs_best_baseline'], '.3f'):22s} {_ci(v['p99_jct_vs_best_baseline'], '.3f')}")
-        head = block["headline"]
-        if head:
+        for head in block.get("headlines", {}).values():  # one per Topas policy (headline.py)
             lines.append(f"  headline {head['topas_best_router']}: vs best baseline pair "
                          f"(per seed {','.join(b or 'none ran' for b in head['best_baseline'])}) mean x{_ci(head['mean_jct_vs_best_baseline'], '.3f')}, "
                          f"p99 x{_ci(head['p99_jct_vs_best_baseline'], '.3f')}")

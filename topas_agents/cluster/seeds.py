@@ -6,9 +6,9 @@ Per seed and replica count, each (policy, router) pair is one "policy" of the pa
 the pair with the lowest average among pairs whose policy is one of the paper's baselines. Over
 seeds, `bench.aggregate.over_seeds` gives each value's mean and 95% t confidence interval.
 
-Headline per replica count: Topas with its best router, the router chosen ONCE from the mean
-over seeds of the averaged mean JCT (choosing per seed would pick each seed's luckiest router
-and bias the ratio down). Against `lpm+cache` (SGLang's default stack: LPM in the engine,
+Headline per replica count, for each Topas policy that ran (headline.py): the policy with
+its best router, the router chosen ONCE from the mean over seeds of the averaged mean JCT
+(choosing per seed would pick each seed's luckiest router and bias the ratio down). Against `lpm+cache` (SGLang's default stack: LPM in the engine,
 cache-aware routing) the per-seed ratio of averages is aggregated; against the best baseline
 pair it is the paper rule's own ratio.
 """
@@ -24,8 +24,7 @@ from ..bench.aggregate import mean_ci, over_seeds, paper_rule
 from ..errors import ConfigError
 from ..policies import BASELINES
 from .bench import ClusterBenchConfig, run_cluster_bench, scaling
-
-SGLANG_DEFAULT_PAIR = "lpm+cache"
+from .headline import SGLANG_DEFAULT_PAIR, best_pair, headline_policies, pair_policy, with_headlines
 
 
 def _one_seed(cfg: ClusterBenchConfig) -> dict[str, Any]:  # top level: picklable for the pool
@@ -36,16 +35,18 @@ def pair_rule(points: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """`paper_rule` with (policy, router) pairs as the policies; baselines are the pairs
     whose policy is one of the paper's baselines."""
     pairs = list(points[0]["results"]) if points else []
-    baselines = [p for p in pairs if p.split("+")[0] in BASELINES]
+    baselines = [p for p in pairs if pair_policy(p) in BASELINES]
     return paper_rule(points, pairs, baselines=baselines)
 
 
-def _headline(per_seed: Sequence[Mapping[str, Mapping[str, Any]]], agg: Mapping[str, Any]) -> dict[str, Any]:
-    topas = [p for p in agg if p.split("+")[0] == "topas" and agg[p]["mean_jct"] is not None]
-    if not topas:
-        return {}
-    best = min(topas, key=lambda p: agg[p]["mean_jct"]["mean"])
-    head: dict[str, Any] = {"topas_best_router": best, "topas": {m: agg[best][m] for m in ("mean_jct", "p99_jct")},
+def _headline(policy: str, per_seed: Sequence[Mapping[str, Mapping[str, Any]]],
+              agg: Mapping[str, Any]) -> dict[str, Any] | None:
+    """`policy` behind its best router, chosen once over seeds; every number is that pair's."""
+    best = best_pair(policy, agg, lambda p: agg[p]["mean_jct"]["mean"] if agg[p]["mean_jct"] else None)
+    if best is None:
+        return None
+    head: dict[str, Any] = {"policy": policy, "topas_best_router": best,
+                            "topas": {m: agg[best][m] for m in ("mean_jct", "p99_jct")},
                             "mean_jct_vs_best_baseline": agg[best]["mean_jct_vs_best_baseline"],
                             "p99_jct_vs_best_baseline": agg[best]["p99_jct_vs_best_baseline"],
                             "best_baseline": agg[best]["best_baseline"],
@@ -65,8 +66,8 @@ def summarise_seeds(docs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for k, block in enumerate(docs[0]["by_replicas"]):
         per_seed = [pair_rule(d["by_replicas"][k]["points"]) for d in docs]
         agg = over_seeds(per_seed)
-        out.append({"replicas": block["replicas"], "per_seed": per_seed, "over_seeds": agg,
-                    "headline": _headline(per_seed, agg)})
+        heads = {p: h for p in headline_policies(agg) if (h := _headline(p, per_seed, agg)) is not None}
+        out.append(with_headlines({"replicas": block["replicas"], "per_seed": per_seed, "over_seeds": agg}, heads))
     return out
 
 
