@@ -58,6 +58,7 @@ from .calibrate_probe import (
     burst_size,
     measure,
     prefill_sizes,
+    reason,
 )
 
 # The probes moved to calibrate_probe; what callers imported from here still is.
@@ -219,7 +220,7 @@ def _write_checked(out: Path, text: str) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)  # check_output leaves missing folders to the writer
         fd, name = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=out.suffix, dir=out.parent)
     except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot write: {exc.strerror or exc}") from None
+        raise ConfigError(f"--out {out}: cannot write: {exc.strerror or reason(exc)}") from None
     tmp = Path(name)
     try:
         with os.fdopen(fd, "w") as f:
@@ -230,7 +231,7 @@ def _write_checked(out: Path, text: str) -> None:
     except ConfigError as exc:
         raise ConfigError(str(exc).replace(str(tmp), str(out))) from None
     except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot write: {exc.strerror or exc}") from None
+        raise ConfigError(f"--out {out}: cannot write: {exc.strerror or reason(exc)}") from None
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -88,18 +88,23 @@ class Measurements(NamedTuple):
     calls: list[CallBurst]  # CALL_PROBES single calls (calls=1), then REPEATS bursts
 
 
+def reason(exc: BaseException) -> str:
+    """What happened, on one line and never blank: an exception's message can be empty
+    (httpx's ReadTimeout from an async client has none), so its type leads."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def failure(url: str, exc: BaseException) -> ConfigError:
-    """A probe's transport failure as one line. An exception's message can be empty (httpx's
-    ReadTimeout from an async client has none): its type then says what happened."""
+    """A probe's transport failure as one line naming the server and what happened."""
     import httpx
 
-    text = " ".join(str(exc).split())
-    reason = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    what = reason(exc)
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return ConfigError(f"calibrate: cannot reach {url}: {reason}")
+        return ConfigError(f"calibrate: cannot reach {url}: {what}")
     if isinstance(exc, httpx.TimeoutException):
-        reason += f" (no answer within {CALL_TIMEOUT_S:g} s)"
-    return ConfigError(f"calibrate: a probe call to {url} failed: {reason}")
+        what += f" (no answer within {CALL_TIMEOUT_S:g} s)"
+    return ConfigError(f"calibrate: a probe call to {url} failed: {what}")
 
 
 def _quote(text: str) -> str:
