@@ -92,3 +92,28 @@ def test_quick_help_says_what_it_runs_and_how_long(capsys):
     quick = text[text.index("--quick"):]
     assert f"{QUICK_TASKS} tasks, seeds {','.join(map(str, QUICK_SEEDS))}" in quick
     assert re.search(r"about \d+ min", quick)
+
+
+def test_a_run_that_fails_midway_changes_no_file(tmp_path, capsys, monkeypatch):
+    # the benches run one by one (for the progress lines): the ones done before a failure must
+    # not overwrite their JSON and plots under a page that still shows the older numbers
+    from topas_agents.bench import runner
+    from topas_agents.errors import ConfigError
+
+    real, calls = runner.run_many, []
+
+    def second_fails(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise ConfigError("simulated failure")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_many", second_fails)
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "chain3-all.json").write_text("older")
+    argv = ["docs", "--out", str(tmp_path / "r.md"), *SMALL, "--setups", "all,paper", "--no-ablation"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "error: simulated failure"
+    assert len(calls) == 2 and [p.name for p in tmp_path.rglob("*")] == ["results", "chain3-all.json"]
+    assert (results / "chain3-all.json").read_text() == "older"

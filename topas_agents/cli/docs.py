@@ -179,21 +179,23 @@ def _run_plan(args: argparse.Namespace, plan: dict[str, Any], profile: Any, out:
         validate_config(config)
     print(f"docs: {len(groups)} benches x {len(seeds)} seeds, {plan['tasks']} tasks per run, "
           f"{args.jobs} job(s)", file=sys.stderr)
-    setups: dict[str, list[Entry]] = {}
-    ablation = None
+    docs = []  # written only once every bench has run: a failed or interrupted run changes no file
     with DocsProgress(len(groups), enabled=not args.no_progress) as progress:
-        for label, stem, config in groups:
+        for _, stem, config in groups:
             with progress.bench(stem, f"seeds {','.join(map(str, seeds))}, {len(config.policies)} policies"):
                 runs = run_many([replace(config, seed=s, task_jcts=args.task_jcts) for s in seeds],
                                 jobs=args.jobs, progress=progress.bars)
-            doc = seeds_document(config, runs)
-            _write(results_dir / f"{stem}.json", json.dumps(doc, indent=1, allow_nan=False) + "\n")
-            plot_result(doc, results_dir / f"{stem}.png")
-            if label == "ablation":
-                ablation = (doc, _ablation_command(args, plan), stem)
-            else:
-                assert config.workflow is not None
-                setups.setdefault(label, []).append(Entry(doc, config.workflow.description, stem))
+            docs.append(seeds_document(config, runs))
+    setups: dict[str, list[Entry]] = {}
+    ablation = None
+    for (label, stem, config), doc in zip(groups, docs, strict=True):
+        _write(results_dir / f"{stem}.json", json.dumps(doc, indent=1, allow_nan=False) + "\n")
+        plot_result(doc, results_dir / f"{stem}.png")
+        if label == "ablation":
+            ablation = (doc, _ablation_command(args, plan), stem)
+        else:
+            assert config.workflow is not None
+            setups.setdefault(label, []).append(Entry(doc, config.workflow.description, stem))
     page = render_page(setups, command=_command(args), policies=plan["policies"], missing=plan["missing"],
                        ablation=ablation)
     _write(out, page)
