@@ -32,7 +32,9 @@ DEFAULT_POLICIES = (*BASELINES, *PEERS, "topas", "topas-paper")
 SETUPS = {"all": ALL, "paper": PAPER}
 QUICK_TASKS = 20
 QUICK_SEEDS = (0, 1)
-# What a `--quick` run of every workload, policy and setup took on one core of a 2-core VM.
+# A `--quick` run of every workload, policy and setup on one core, as users timed it; the
+# benches differ widely (dag10wide and the MetaGPT workloads take the most), and the progress
+# lines on stderr give the elapsed time as it goes.
 QUICK_DURATION = "about 40 min on one core; --jobs N divides it"
 
 
