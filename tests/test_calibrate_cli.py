@@ -38,12 +38,12 @@ def test_calibrate_writes_a_profile_that_loads(server, tmp_path, capsys):
 def test_decode_steps_are_counted_from_what_the_server_generated():
     """31 steps were assumed for a 32-token probe; the echo responder stops at 24 (min_tokens
     ignored): the step came out 25% short."""
-    from topas_agents.cli.calibrate import DECODE_TOKENS, _step_s
+    from topas_agents.cli.calibrate_probe import DECODE_TOKENS, BatchRun, _step_s
     from topas_agents.errors import ConfigError
 
-    assert _step_s((1.2, 25), (0.24, 1), "u") == pytest.approx(0.96 / 24)
+    assert _step_s(BatchRun(1.2, 25), BatchRun(0.24, 1), "u") == pytest.approx(0.96 / 24)
     with pytest.raises(ConfigError, match=f"generated 3 tokens for a {DECODE_TOKENS}-token probe"):
-        _step_s((0.3, 3), (0.2, 1), "u")
+        _step_s(BatchRun(0.3, 3), BatchRun(0.2, 1), "u")
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -207,3 +207,110 @@ def test_bench_runs_against_one_server_do_not_reopen_each_others_tasks(server, c
     items = httpx.get(f"{server.base_url}/v1/topas/stats", timeout=10).json()["tasks"]["items"]
     bench_tasks = [t for t in items if t["workflow"] == "chain3"]
     assert len(bench_tasks) >= 4 and not [t["task_id"] for t in bench_tasks if t["reopened"]]
+
+
+class _Chat(_ModelsOnly):
+    """Lists a model and answers every chat call with the class's `status` and `body`."""
+
+    status = 200
+    body = b""
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+
+def _serve(handler: type[BaseHTTPRequestHandler]):
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+
+
+def _one_line_error(argv: list[str], capsys) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: calibrate: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(("status", "body", "fault"), [
+    # each of these 200s was a traceback: JSONDecodeError, KeyError, TypeError, ValueError
+    (200, b"<html>busy</html>", "answered 200 with a body that is not JSON: <html>busy</html>"),
+    (200, b'{"choices": []}', "answered 200 without a `usage` object"),
+    (200, b'{"usage": null}', "answered 200 without a `usage` object"),
+    (200, b"[1, 2]", "answered 200 without a `usage` object"),
+    (200, b'{"usage": {"completion_tokens": 1}}', "answered 200 with no usage.prompt_tokens "),
+    (200, b'{"usage": {"prompt_tokens": "12", "completion_tokens": 1}}', "with usage.prompt_tokens = '12' "),
+    # a fraction was truncated silently, and a missing completion count was read as 0 steps
+    (200, b'{"usage": {"prompt_tokens": 1.5}}', "usage.prompt_tokens = 1.5 and no usage.completion_tokens"),
+    (200, b'{"usage": {"prompt_tokens": 3, "completion_tokens": -1}}', "usage.completion_tokens = -1"),
+    # an error without a body said "HTTP 500 from URL: " and stopped
+    (500, b"", "HTTP 500 from {url}: (empty body)"),
+    (502, b"bad\ngateway", "HTTP 502 from {url}: bad gateway"),  # one line, whatever the body
+])
+def test_a_bad_answer_to_a_probe_is_one_line_naming_the_server(tmp_path, capsys, status, body, fault):
+    handler = type("Answer", (_Chat,), {"status": status, "body": body})
+    httpd, url = _serve(handler)
+    out = tmp_path / "p.yaml"
+    try:
+        err = _one_line_error(["calibrate", "--server", url, "--out", str(out), "--kv-budget", "1000"], capsys)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert fault.format(url=url) in err and url in err
+    assert not out.exists()
+
+
+def test_a_server_that_never_answers_is_named_with_what_happened(tmp_path, capsys, monkeypatch):
+    # an async httpx ReadTimeout has an empty message: the error read "cannot reach URL: "
+    import socket
+
+    from topas_agents.cli import calibrate_probe
+
+    monkeypatch.setattr(calibrate_probe, "CALL_TIMEOUT_S", 0.3)
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog), never answers
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    try:
+        err = _one_line_error(["calibrate", "--server", url, "--out", str(tmp_path / "p.yaml"),
+                               "--kv-budget", "1000", "--model", "m"], capsys)
+    finally:
+        listener.close()
+    assert f"a probe call to {url} failed: ReadTimeout (no answer within 0.3 s)" in err
+
+
+def test_every_probe_failure_says_what_happened():
+    # an exception without a message is named by its type (an empty reason said nothing)
+    from topas_agents.cli.calibrate_probe import CALL_TIMEOUT_S, failure
+
+    url = "http://h/v1"
+    expected = {httpx.ReadTimeout(""): f"a probe call to {url} failed: ReadTimeout (no answer within {CALL_TIMEOUT_S:g} s)",
+                httpx.ConnectError(""): f"cannot reach {url}: ConnectError",
+                httpx.RemoteProtocolError(" "): f"a probe call to {url} failed: RemoteProtocolError",
+                httpx.ConnectError("refused\nby peer"): f"cannot reach {url}: ConnectError: refused by peer"}
+    for exc, message in expected.items():
+        assert str(failure(url, exc)) == f"calibrate: {message}"
+
+
+def test_out_may_have_any_suffix(server, tmp_path, capsys):
+    # `--profile` loads a file of any suffix; --out refused all but .yaml/.yml
+    out = tmp_path / "gpu.profile"
+    assert main(["calibrate", "--server", server.url, "--out", str(out), "--kv-budget", "20000"]) == 0
+    assert f"wrote {out}:" in capsys.readouterr().out
+    profile = load_profile(str(out))
+    assert (profile.name, profile.kv_budget_tokens) == ("gpu", 20000)
+
+
+def test_out_that_profile_would_read_as_a_built_in_is_refused_first(tmp_path, capsys, monkeypatch):
+    from topas_agents.costmodel import DEFAULT_PROFILE
+
+    monkeypatch.chdir(tmp_path)
+    for given in (DEFAULT_PROFILE, f"./{DEFAULT_PROFILE}"):  # both load the built-in, not the file
+        # nothing listens on port 9: the refusal comes before any call
+        assert main(["calibrate", "--server", "http://127.0.0.1:9/v1", "--out", given, "--kv-budget", "100"]) == 2
+        err = capsys.readouterr().err
+        assert f"would load the built-in profile {DEFAULT_PROFILE}, not this file" in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []

@@ -176,14 +176,6 @@ def test_repeats_and_idle_flags(tmp_path, capsys, monkeypatch, argv, message):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_calibrate_out_suffix_checked_first(tmp_path, capsys):
-    out = tmp_path / "cal_out.txt"
-    # an unreachable server: the suffix must be refused before any measuring
-    _fails(["calibrate", "--server", "http://127.0.0.1:9/v1", "--out", str(out), "--kv-budget", "100"],
-           capsys, "a profile file must end in .yaml or .yml")
-    assert not out.exists()
-
-
 def test_calibrate_writes_nothing_when_the_profile_does_not_load(tmp_path):
     from topas_agents.cli.calibrate import write_profile
     from topas_agents.costmodel import load_profile

@@ -38,46 +38,34 @@ import asyncio
 import dataclasses
 import math
 import os
-import random
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
 
-from ..costmodel import DEFAULT_PROFILE, Profile, load_profile
+from ..costmodel import DEFAULT_PROFILE, Profile, available_profiles, load_profile
 from ..errors import ConfigError
 from .args import check_output, model_name, positive_int
+from .calibrate_probe import (
+    DECODE_TOKENS,
+    PREFILL_WORDS,
+    CallBurst,
+    DecodePoint,
+    PrefillPoint,
+    _step_s,
+    burst_size,
+    measure,
+    prefill_sizes,
+    reason,
+)
 
-WORDS = ("plan", "code", "test", "data", "user", "agent", "task", "value", "queue", "cache")
-PREFILL_WORDS = (32, 128, 512, 1024)  # prompt sizes (words ~ tokens) for the prefill slope
-BATCHES = (1, 2, 4, 8)
-DECODE_TOKENS = 32  # output tokens per decode probe (long enough to amortize the prefill)
-# Fewer extra steps than this between the long and the short probe time nothing but noise.
-MIN_DECODE_STEPS = 8
-REPEATS = 3  # prefill keeps the minimum (least disturbed); decode and bursts the median
-CALL_PROBES = 9  # sequential minimal calls, reported beside the burst estimate
-CALL_PROBE_WORDS = 8  # prompt of a minimal call: model time is then close to one batch-1 step
-CALL_BURST = 16  # concurrent minimal calls per burst (fewer if the KV pool is small)
-PROFILE_SUFFIXES = (".yaml", ".yml")  # what `load_profile` reads as a file, not a built-in name
-
-
-class CallBurst(NamedTuple):
-    """`calls` minimal calls sent at once: their prompt tokens and the wall time of all."""
-
-    calls: int
-    prompt_tokens: int
-    wall_s: float
-
-
-class Measurements(NamedTuple):
-    """What `measure` takes through HTTP (each point: (x, seconds))."""
-
-    prefill: list[tuple[int, float]]  # (prompt tokens, wall s of a 1-token call), min of repeats
-    decode: list[tuple[int, float]]  # (batch size, decode step s)
-    calls: list[CallBurst]  # CALL_PROBES single calls (calls=1), then REPEATS bursts
+# The probes moved to calibrate_probe; what callers imported from here still is.
+__all__ = ["DECODE_TOKENS", "PREFILL_WORDS", "CallBurst", "_step_s", "burst_size", "measure", "prefill_sizes",
+           "add_parser", "run", "fit_profile", "write_profile", "slope", "decode_tc", "call_overhead"]
+# Suffixes `load_profile` reads as a file whatever the path (`check_profile_out`).
+PROFILE_SUFFIXES = (".yaml", ".yml")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -85,7 +73,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server", required=True, metavar="URL", help="OpenAI base URL (…/v1)")
     p.add_argument("--model", type=model_name, default=None, help="model id (default: the server's first /v1/models entry)")
-    p.add_argument("--out", required=True, metavar="PROFILE.yaml")
+    p.add_argument("--out", required=True, metavar="PATH",
+                   help="profile file to write (any name; `--profile PATH` loads it)")
     p.add_argument("--name", type=model_name, default=None, help="profile name (default: the output file's stem)")
     p.add_argument("--base-profile", default=DEFAULT_PROFILE, help="profile supplying unmeasured fields")
     p.add_argument("--kv-budget", type=positive_int, default=None,
@@ -94,82 +83,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-class Probe(NamedTuple):
-    """One probe call: its wall time and the tokens the server says it read and generated."""
-
-    seconds: float
-    prompt_tokens: int
-    completion_tokens: int
-
-
-async def _call(client, url: str, model: str, prompt: str, tokens: int) -> Probe:
-    t0 = time.perf_counter()
-    r = await client.post(f"{url}/chat/completions", json={
-        "model": model, "max_tokens": tokens, "min_tokens": tokens, "temperature": 0.0,
-        "messages": [{"role": "user", "content": prompt}]})
-    if r.status_code != 200:
-        raise ConfigError(f"calibrate: HTTP {r.status_code} from {url}: {r.text[:200]}")
-    usage = r.json()["usage"]
-    return Probe(time.perf_counter() - t0, int(usage["prompt_tokens"]), int(usage.get("completion_tokens") or 0))
-
-
-def _prompt(n_words: int, rng: random.Random) -> str:
-    return f"{rng.random():.12f} " + " ".join(rng.choice(WORDS) for _ in range(n_words))
-
-
-def prefill_sizes(kv_budget: int | None) -> tuple[int, ...]:
-    """Prompt sizes (words) that fit half the KV pool (a word is at most ~5 tokens here)."""
-    if kv_budget is None:
-        return PREFILL_WORDS
-    fit = tuple(n for n in PREFILL_WORDS if n * 5 <= kv_budget // 2)
-    return fit if len(fit) >= 2 else (8, max(16, kv_budget // 20))
-
-
-async def measure(url: str, model: str, kv_budget: int | None = None, api_key: str | None = None) -> Measurements:
-    """Prefill, decode-step and minimal-call points (see the module docstring)."""
-    import httpx
-
-    from ..integrations.task import auth_headers
-
-    rng = random.Random(0)
-    prefill: list[tuple[int, float]] = []
-    decode: list[tuple[int, float]] = []
-    async with httpx.AsyncClient(timeout=300, headers=auth_headers(api_key)) as c:
-        await _call(c, url, model, _prompt(8, rng), 1)  # warm-up
-        calls = [CallBurst(1, p.prompt_tokens, p.seconds)
-                 for p in [await _call(c, url, model, _prompt(CALL_PROBE_WORDS, rng), 1) for _ in range(CALL_PROBES)]]
-        k = burst_size(kv_budget)
-        for _ in range(REPEATS):
-            t0 = time.perf_counter()
-            done = await asyncio.gather(*(_call(c, url, model, _prompt(CALL_PROBE_WORDS, rng), 1) for _ in range(k)))
-            calls.append(CallBurst(k, sum(p.prompt_tokens for p in done), time.perf_counter() - t0))
-        for n in prefill_sizes(kv_budget):
-            runs = [await _call(c, url, model, _prompt(n, rng), 1) for _ in range(REPEATS)]
-            prefill.append((runs[0].prompt_tokens, min(p.seconds for p in runs)))
-        for b in BATCHES:
-            async def batch(tokens: int, b: int = b) -> tuple[float, int]:
-                """(wall seconds, the most tokens a call of the batch generated: its steps)."""
-                t0 = time.perf_counter()
-                done = await asyncio.gather(*(_call(c, url, model, _prompt(16, rng), tokens) for _ in range(b)))
-                return time.perf_counter() - t0, max(p.completion_tokens for p in done)
-            decode.append((b, max(1e-6, statistics.median([_step_s(await batch(DECODE_TOKENS), await batch(1), url)
-                                                           for _ in range(REPEATS)]))))
-    return Measurements(prefill, decode, calls)
-
-
-def _step_s(long: tuple[float, int], short: tuple[float, int], url: str) -> float:
-    """Seconds per decode step from a long and a short batch, by the steps each generated (the
-    server's usage): an engine that ignores min_tokens and stops early (the simulator's echo
-    responder stopped at 24 of 32) made the step 25% short when 31 steps were assumed."""
-    steps = long[1] - short[1]
-    if steps < MIN_DECODE_STEPS:
-        raise ConfigError(f"calibrate: {url} generated {long[1]} tokens for a {DECODE_TOKENS}-token probe "
-                          f"(min_tokens is ignored, and it stops early); decode steps cannot be timed: give a "
-                          "server that generates max_tokens (topas serve: --responder lorem)")
-    return (long[0] - short[0]) / steps
-
-
-def slope(points: list[tuple[int, float]]) -> float:
+def slope(points: Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope of (x, y) points, clamped to 1e-9 (a flat or falling fit)."""
     n = len(points)
     mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
     var = sum((x - mx) ** 2 for x, _ in points)
@@ -245,31 +160,25 @@ def _topas_budget(stats: object) -> int | None:
     return budgets.pop() if len(budgets) == 1 else None
 
 
-def burst_size(kv_budget: int | None) -> int:
-    """CALL_BURST, or fewer so a burst's prompts fit half the KV pool (<= ~5 tokens a word)."""
-    per_call = 5 * (CALL_PROBE_WORDS + 1)
-    return CALL_BURST if kv_budget is None else max(2, min(CALL_BURST, kv_budget // 2 // per_call))
-
-
-def fit_profile(base: Profile, name: str, model: str, budget: int, prefill: list[tuple[int, float]],
-                decode: list[tuple[int, float]], calls: Sequence[CallBurst] = ()) -> Profile:
+def fit_profile(base: Profile, name: str, model: str, budget: int, prefill: Sequence[PrefillPoint],
+                decode: Sequence[DecodePoint], calls: Sequence[CallBurst] = ()) -> Profile:
     """`base` with the measured terms: batch-1 decode step as tm_s, prefill slope as tc, and
     the per-call overhead from minimal `calls` (0 without them)."""
-    tm = decode[0][1]
+    _, tm = decode[0]  # (batch 1, its step): unpacked, so plain (batch, s) pairs fit too
     fitted = dataclasses.replace(base, name=name, gpu="measured", model=model, kv_budget_tokens=budget,
                                  tm_s=tm, tc_s_per_token=slope(prefill) if rising(prefill) else decode_tc(tm, decode),
                                  lm_head_s=0.0, overhead_s=0.0, call_overhead_s=0.0)
     return dataclasses.replace(fitted, call_overhead_s=call_overhead(fitted, calls))
 
 
-def rising(points: list[tuple[int, float]]) -> bool:
+def rising(points: Sequence[tuple[float, float]]) -> bool:
     """Whether the least-squares slope is positive (`slope` clamps it to 1e-9 otherwise)."""
     return slope(points) > 1e-9
 
 
-def decode_tc(tm: float, decode: Sequence[tuple[int, float]]) -> float:
+def decode_tc(tm: float, decode: Sequence[DecodePoint]) -> float:
     """Least-squares tc in `step(b) = sqrt(tm^2 + (tc*b)^2)` over the batches b > 1 (0 if none)."""
-    pts = [(b, t) for b, t in decode if b > 1]
+    pts = [(batch, step_s) for batch, step_s in decode if batch > 1]
     den = sum(b**4 for b, _ in pts)
     return math.sqrt(max(0.0, sum(b * b * (t * t - tm * tm) for b, t in pts) / den)) if den else 0.0
 
@@ -287,8 +196,8 @@ def call_overhead(profile: Profile, calls: Sequence[CallBurst]) -> float:
     return max(0.0, statistics.median((b.wall_s - profile.prefill_s(b.prompt_tokens)) / b.calls for b in bursts))
 
 
-def write_profile(out: Path, profile: Profile, url: str, base_name: str, prefill: list[tuple[int, float]],
-                  decode: list[tuple[int, float]], calls: Sequence[CallBurst] = ()) -> None:
+def write_profile(out: Path, profile: Profile, url: str, base_name: str, prefill: Sequence[PrefillPoint],
+                  decode: Sequence[DecodePoint], calls: Sequence[CallBurst] = ()) -> None:
     import yaml
 
     header = [f"Measured by `topas calibrate --server {url}` on {time.strftime('%Y-%m-%d %H:%M:%S')}.",
@@ -311,7 +220,7 @@ def _write_checked(out: Path, text: str) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)  # check_output leaves missing folders to the writer
         fd, name = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=out.suffix, dir=out.parent)
     except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot write: {exc.strerror or exc}") from None
+        raise ConfigError(f"--out {out}: cannot write: {exc.strerror or reason(exc)}") from None
     tmp = Path(name)
     try:
         with os.fdopen(fd, "w") as f:
@@ -322,7 +231,7 @@ def _write_checked(out: Path, text: str) -> None:
     except ConfigError as exc:
         raise ConfigError(str(exc).replace(str(tmp), str(out))) from None
     except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot write: {exc.strerror or exc}") from None
+        raise ConfigError(f"--out {out}: cannot write: {exc.strerror or reason(exc)}") from None
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -334,15 +243,17 @@ def _umask() -> int:
 
 
 def check_profile_out(path: str) -> None:
-    """`--out` names a profile file: `load_profile` reads only .yaml/.yml paths as files (any
-    other was taken for a built-in name after the whole measurement, leaving the file)."""
-    if Path(path).suffix not in PROFILE_SUFFIXES:
-        raise ConfigError(f"--out {path}: a profile file must end in {' or '.join(PROFILE_SUFFIXES)}")
+    """`--out` may be any path, as `--profile` loads a file of any suffix, but one: a bare name
+    (no folder, no .yaml/.yml) that is a built-in profile's. `load_profile` reads that name as
+    the built-in, so the measured file could never be loaded by it (`./NAME` is the same
+    path); refused before the measuring, not found out after it."""
+    given = Path(path)
+    if given.suffix.lower() not in PROFILE_SUFFIXES and len(given.parts) == 1 and given.name in available_profiles():
+        raise ConfigError(f"--out {path}: `--profile {path}` would load the built-in profile {given.name}, not "
+                          f"this file; give it a {' or '.join(PROFILE_SUFFIXES)} suffix or another name")
 
 
 def run(args: argparse.Namespace) -> int:
-    import httpx
-
     url = args.server.rstrip("/")
     check_output("--out", args.out)  # before minutes of measuring, not after
     check_profile_out(args.out)
@@ -361,10 +272,7 @@ def run(args: argparse.Namespace) -> int:
               "in real time; the profile will not reproduce it (calibrate a --time-scale 1 server)", file=sys.stderr)
     if budget is None:
         raise ConfigError("calibrate: the server does not report its KV pool size; pass --kv-budget TOKENS")
-    try:
-        m = asyncio.run(measure(url, model, budget, key))
-    except httpx.HTTPError as exc:
-        raise ConfigError(f"calibrate: cannot reach {url}: {exc}") from None
+    m = asyncio.run(measure(url, model, budget, key))  # a failed call: a ConfigError naming it
     out = Path(args.out)
     profile = fit_profile(base, args.name or out.stem, model, budget, m.prefill, m.decode, m.calls)
     write_profile(out, profile, url, base.name, m.prefill, m.decode, m.calls)

@@ -3,8 +3,10 @@
 Runs the `paper` protocol (bench/protocol.py: seeds 0-4, 200 tasks, each workload's default
 loads plus the rates the paper states) on every built-in workload under both host-tier setups
 (`all`: symmetric; `paper`: only Topas variants have the CPU tier), plus the Fig. 5 ablation,
-and writes the paper rule over seeds with 95% CIs. All runs share one process pool
-(`--jobs`); results do not depend on the number of workers.
+and writes the paper rule over seeds with 95% CIs. The benches run one after another, each
+over a process pool of `--jobs` workers, so that stderr can say which one runs and how many
+are done (`DocsProgress`); results do not depend on the number of workers, nor on the order.
+Every command the page prints reproduces what it shows, options included.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.hosttier import ALL, PAPER
-from ..bench.protocol import ABLATION_POLICIES, ABLATION_RATE, ABLATION_WORKLOAD, PROTOCOLS, ablation_command
+from ..bench.protocol import ABLATION_POLICIES, ABLATION_RATE, ABLATION_WORKLOAD, PROTOCOLS
 from ..costmodel import DEFAULT_PROFILE, load_profile
 from ..errors import ConfigError
 from ..policies import BASELINES, PEERS
 from .args import check_output, positive_int
+from .docs_progress import DocsProgress
 
 WORKLOADS = ("chain3", "dag4", "dag10wide", "metagpt-sop", "metagpt-tl")
 PROTOCOL = PROTOCOLS["paper"]
@@ -29,6 +32,10 @@ DEFAULT_POLICIES = (*BASELINES, *PEERS, "topas", "topas-paper")
 SETUPS = {"all": ALL, "paper": PAPER}
 QUICK_TASKS = 20
 QUICK_SEEDS = (0, 1)
+# A `--quick` run of every workload, policy and setup on one core, as users timed it; the
+# benches differ widely (dag10wide and the MetaGPT workloads take the most), and the progress
+# lines on stderr give the elapsed time as it goes.
+QUICK_DURATION = "about 40 min on one core; --jobs N divides it"
 
 
 def add_parser(subparsers: Any) -> None:
@@ -40,7 +47,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--tasks", type=positive_int, help=f"tasks per run (default {PROTOCOL.tasks}; --quick: {QUICK_TASKS})")
     p.add_argument("--seeds", help="comma-separated seeds (default "
                    f"{','.join(map(str, PROTOCOL.seeds))}; --quick: {','.join(map(str, QUICK_SEEDS))})")
-    p.add_argument("--quick", action="store_true", help="a fast smoke run (fewer tasks and seeds)")
+    p.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK_TASKS} tasks, seeds "
+                   f"{','.join(map(str, QUICK_SEEDS))} ({QUICK_DURATION}; the full run takes many times that)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated workflows (default: all five)")
     p.add_argument("--policies", help=f"comma-separated policies (default {','.join(DEFAULT_POLICIES)})")
     p.add_argument("--setups", default="all,paper", help="host-tier setups to report: all, paper or both (default)")
@@ -48,7 +56,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--task-jcts", action="store_true", help="keep every task's JCT in the JSON (for CDFs; ~2 MB)")
     p.add_argument("--profile", default=DEFAULT_PROFILE, help=f"cost profile (default {DEFAULT_PROFILE})")
     p.add_argument("--jobs", type=positive_int, default=1, help="parallel simulator processes (default 1)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr (by default a bar on a "
+                   "terminal, else a line as each bench starts)")
     p.set_defaults(run=run)
 
 
@@ -152,6 +161,7 @@ def _run_plan(args: argparse.Namespace, plan: dict[str, Any], profile: Any, out:
     from ..bench.report import plot_result
     from ..bench.results_page import Entry, render_page
     from ..bench.runner import BenchConfig, run_many, seeds_document
+    from ..bench.runner import _validate as validate_config
 
     seeds = plan["seeds"]
     if plan["missing"]:
@@ -167,18 +177,24 @@ def _run_plan(args: argparse.Namespace, plan: dict[str, Any], profile: Any, out:
         groups.append(("ablation", f"ablation-{ABLATION_WORKLOAD}", BenchConfig(
             policies=plan["ablation"], profile=profile, workflow=load_workflow(ABLATION_WORKLOAD),
             tasks=plan["tasks"], rates=(ABLATION_RATE,), host_tier=PAPER)))
-    configs = [replace(c, seed=s, task_jcts=args.task_jcts) for _, _, c in groups for s in seeds]
+    for _, _, config in groups:  # every bench is checked before the first runs (they run one by one)
+        validate_config(config)
     print(f"docs: {len(groups)} benches x {len(seeds)} seeds, {plan['tasks']} tasks per run, "
           f"{args.jobs} job(s)", file=sys.stderr)
-    docs = run_many(configs, jobs=args.jobs, progress=not args.no_progress and sys.stderr.isatty())
+    docs = []  # written only once every bench has run: a failed or interrupted run changes no file
+    with DocsProgress(len(groups), enabled=not args.no_progress) as progress:
+        for _, stem, config in groups:
+            with progress.bench(stem, f"seeds {','.join(map(str, seeds))}, {len(config.policies)} policies"):
+                runs = run_many([replace(config, seed=s, task_jcts=args.task_jcts) for s in seeds],
+                                jobs=args.jobs, progress=progress.bars)
+            docs.append(seeds_document(config, runs))
     setups: dict[str, list[Entry]] = {}
     ablation = None
-    for g, (label, stem, config) in enumerate(groups):
-        doc = seeds_document(config, docs[g * len(seeds):(g + 1) * len(seeds)])
+    for (label, stem, config), doc in zip(groups, docs, strict=True):
         _write(results_dir / f"{stem}.json", json.dumps(doc, indent=1, allow_nan=False) + "\n")
         plot_result(doc, results_dir / f"{stem}.png")
         if label == "ablation":
-            ablation = (doc, ablation_command(seeds, plan["tasks"]), stem)
+            ablation = (doc, _ablation_command(args, plan), stem)
         else:
             assert config.workflow is not None
             setups.setdefault(label, []).append(Entry(doc, config.workflow.description, stem))
@@ -195,6 +211,20 @@ def _write(path: Path, text: str) -> None:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+def _ablation_command(args: argparse.Namespace, plan: dict[str, Any]) -> str:
+    """The `topas bench` command that reruns the ablation as `_run_plan` ran it: its policies,
+    seeds and tasks, the `paper` host tier (bench's default is the profile's, for every policy)
+    and this run's --profile (without it the printed command benched another profile)."""
+    parts = ["topas", "bench", "--workload", ABLATION_WORKLOAD, "--rate", str(ABLATION_RATE),
+             "--policies", ",".join(plan["ablation"]), "--seeds", ",".join(map(str, plan["seeds"])),
+             "--tasks", str(plan["tasks"]), "--host-tier", PAPER.label]
+    if args.profile != DEFAULT_PROFILE:
+        parts += ["--profile", args.profile]
+    if args.task_jcts:
+        parts.append("--task-jcts")
+    return shlex.join(parts)
+
+
 def _command(args: argparse.Namespace) -> str:
     """The command line that regenerates this page (non-default options only)."""
     parts = ["topas", "docs"]
@@ -209,4 +239,4 @@ def _command(args: argparse.Namespace) -> str:
         if value is not None and value != default:
             parts += [flag, str(value)]
     parts += [flag for flag, on in (("--no-ablation", args.no_ablation), ("--task-jcts", args.task_jcts)) if on]
-    return " ".join(shlex.quote(p) for p in parts)
+    return shlex.join(parts)
