@@ -50,12 +50,6 @@ PROTOCOLS: Mapping[str, Protocol] = MappingProxyType({
 })
 
 
-def ablation_command(seeds: tuple[int, ...], tasks: int) -> str:
-    """The `topas bench` command of the Fig. 5 ablation (the results page runs it)."""
-    return (f"topas bench --workload {ABLATION_WORKLOAD} --rate {ABLATION_RATE} "
-            f"--policies {','.join(ABLATION_POLICIES)} --seeds {','.join(map(str, seeds))} --tasks {tasks}")
-
-
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Sane input ranges; outside them `topas bench` exits 2 with one line.

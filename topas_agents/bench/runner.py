@@ -74,7 +74,8 @@ class Point:
     trace: tuple[TaskPlan, ...]
 
 
-def _validate(config: BenchConfig) -> None:
+def validate_config(config: BenchConfig) -> None:
+    """ConfigError (one line) for a bench configuration that cannot run, before any runs."""
     if (config.workflow is None) == (config.recorded is None):
         raise ConfigError("give exactly one of a workflow or a recorded trace")
     if config.rates and config.loads:
@@ -177,7 +178,7 @@ def run_many(configs: Sequence[BenchConfig], *, backend: SimBackend | None = Non
     and each document lists its runs that failed under `failures` (else the first failure
     ends the bench, and every finished run was lost with it)."""
     for config in configs:
-        _validate(config)
+        validate_config(config)
     maker = backend or default_backend()
     plans = [plan_points(c, maker) for c in configs]
     work = [job for i, (c, pts) in enumerate(zip(configs, plans, strict=True))

@@ -160,8 +160,7 @@ def _run_plan(args: argparse.Namespace, plan: dict[str, Any], profile: Any, out:
 
     from ..bench.report import plot_result
     from ..bench.results_page import Entry, render_page
-    from ..bench.runner import BenchConfig, run_many, seeds_document
-    from ..bench.runner import _validate as validate_config
+    from ..bench.runner import BenchConfig, run_many, seeds_document, validate_config
 
     seeds = plan["seeds"]
     if plan["missing"]:
