@@ -23,7 +23,14 @@ from topas_agents.costmodel import load_profile
 from topas_agents.realbench.client import TaskResult, chat_body
 from topas_agents.realbench.engine import scaled_workflow
 from topas_agents.realbench.fidelity import fidelity, task_errors
-from topas_agents.realbench.runner import Failure, build_calls, sample_tasks, simulate_policies, summarize
+from topas_agents.realbench.runner import (
+    Failure,
+    build_calls,
+    sample_tasks,
+    simulate_policies,
+    summarize,
+    summary_line,
+)
 from topas_agents.workflow import load_workflow, parse_workflow
 
 
@@ -65,6 +72,15 @@ def test_summary_counts_failed_tasks_as_incomplete() -> None:
     assert r.failures == (Failure(None, "RuntimeError: HTTP 500"),)  # said on stderr and in the JSON
     assert r.mean_jct == 2.0 and 2.9 < r.p99_jct <= 3.0
     assert math.isnan(summarize([], 1, None).mean_jct) and summarize([], 1, None).decisions is None
+
+
+def test_the_printed_summary_leaves_out_counts_the_server_does_not_report() -> None:
+    done = [TaskResult(f"t{i}", 0.0, float(i + 1), ()) for i in range(2)]
+    ours = summary_line("topas", summarize(done, 2, {"decisions": 7, "preemptions": 1, "errors": 0}))
+    assert ours.endswith("2/2 tasks, decisions 7, preemptions 1, plugin errors 0")
+    # a `topas serve` or another endpoint (`--server`): no decision log to read, no "None"s
+    theirs = summary_line("server", summarize(done, 2, None))
+    assert theirs.endswith("2/2 tasks") and "None" not in theirs
 
 
 def test_calibration_fit_writes_a_loadable_profile(tmp_path: Path) -> None:

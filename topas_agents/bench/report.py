@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..policies import LIVE_OPTIONS
+
 
 def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
@@ -68,6 +70,11 @@ def format_table(result: Mapping[str, Any], capacity: float | None = None) -> st
         if ratio99 is not None:
             vs += f", p99 {ratio99:.3f}x best ({s['best_baseline_p99']})"
         lines.append(f"  {name:<{width}} mean JCT {_s(s['mean_jct'])} s, p99 JCT {_s(s['p99_jct'])} s{vs}")
+    guarded = sorted({name for pt in result["points"] for name in pt["results"]} & set(LIVE_OPTIONS))
+    if guarded:  # its decision ms read 150 ms beside the baselines' 0.03: the forecasts, not the decisions
+        lines.append(f"  decision ms of {', '.join(guarded)}: each decide() call with its forecast guard's "
+                     "simulations, which run inline here (on a live server, in a worker process); "
+                     "`topas bench --decision-cost` times the decisions alone")
     return "\n".join(lines)
 
 

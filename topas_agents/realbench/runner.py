@@ -219,9 +219,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         real_jcts[policy] = _jcts(results)
     doc: dict[str, Any] = {"real": {k: _as_dict(v) for k, v in out.items()}}
     for name, r in out.items():
-        print(f"{name:>8}: mean JCT {r.mean_jct:.3f} s, p99 {r.p99_jct:.3f} s, "
-              f"{r.tasks_completed}/{r.tasks} tasks, decisions {r.decisions}, preemptions {r.preemptions}, "
-              f"plugin errors {r.plugin_errors}")
+        print(summary_line(name, r))
         report_failures(name, r)
     if args.sim and profile is not None:
         doc.update(_sim_and_fidelity(tasks, policies, profile, args.kv_tokens, real_jcts))
@@ -321,3 +319,12 @@ if __name__ == "__main__":
     from ..cli.args import run_module
 
     run_module(main)
+
+
+def summary_line(name: str, r: PolicyResult) -> str:
+    """One policy's printed result. Counts the server does not report (a `topas serve`, another
+    endpoint: None) are left out; they printed as "decisions None"."""
+    counts = [f"{label} {n}" for label, n in (("decisions", r.decisions), ("preemptions", r.preemptions),
+                                               ("plugin errors", r.plugin_errors)) if n is not None]
+    return (f"{name:>8}: mean JCT {r.mean_jct:.3f} s, p99 {r.p99_jct:.3f} s, {r.tasks_completed}/{r.tasks} tasks"
+            + "".join(f", {c}" for c in counts))
