@@ -20,6 +20,7 @@ import sys
 import uuid
 
 import httpx
+import openai
 
 try:
     from autogen_agentchat.agents import AssistantAgent
@@ -28,6 +29,7 @@ except ImportError as exc:  # the framework is optional: say what to install, no
     sys.exit(f"this example needs AutoGen: pip install autogen-agentchat 'autogen-ext[openai]' ({exc})")
 
 from topas_agents import label
+from topas_agents.cli.args import positive_float, run_module
 from topas_agents.integrations.httpx_labels import labelled_async_http_client
 from topas_agents.integrations.task import task
 
@@ -41,7 +43,8 @@ async def get_weather(city: str) -> str:
 
 
 def server_stats(base_url: str) -> dict:
-    return httpx.get(f"{base_url.rstrip('/')}/topas/stats", timeout=10).json()
+    rsp = httpx.get(f"{base_url.rstrip('/')}/topas/stats", timeout=10)
+    return rsp.raise_for_status().json()  # a refusal is an error, not a body without the counts
 
 
 def calls_received(base_url: str) -> int:
@@ -92,9 +95,21 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stage", default="s1")
     p.add_argument("--agent", default="a")
     p.add_argument("--stream", action="store_true", help="stream the model's replies (SSE)")
-    p.add_argument("--timeout", type=float, default=120.0, help="give up after this many wall seconds")
+    p.add_argument("--timeout", type=positive_float, default=120.0, help="give up after this many wall seconds")
     return p.parse_args()
 
 
+def run(args: argparse.Namespace) -> int:
+    """main(), with a failed run (no server at --base-url, a call it refused: say, an unknown
+    --workflow) reported in one line, exit 1, not a traceback."""
+    try:
+        return asyncio.run(main(args))
+    except (httpx.HTTPError, openai.APIError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except TimeoutError:
+        print(f"error: the agent did not finish within --timeout {args.timeout:g} s", file=sys.stderr)
+    return 1
+
+
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(parse_args())))
+    run_module(lambda: run(parse_args()))  # a bad argument: one line `error: ...`, exit 2, as `topas`

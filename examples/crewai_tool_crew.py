@@ -22,6 +22,7 @@ import sys
 import uuid
 
 import httpx
+import openai
 
 # CrewAI sends anonymous telemetry by default; keep this example local (set before import)
 os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
@@ -36,6 +37,7 @@ except ImportError as exc:  # the framework is optional: say what to install, no
     sys.exit(f"this example needs CrewAI: pip install crewai ({exc})")
 
 from topas_agents import label
+from topas_agents.cli.args import positive_int, run_module
 from topas_agents.integrations.httpx_labels import label_request
 from topas_agents.integrations.task import task
 
@@ -77,7 +79,8 @@ def get_weather(city: str) -> str:
 
 
 def server_stats(base_url: str) -> dict:
-    return httpx.get(f"{base_url.rstrip('/')}/topas/stats", timeout=10).json()
+    rsp = httpx.get(f"{base_url.rstrip('/')}/topas/stats", timeout=10)
+    return rsp.raise_for_status().json()  # a refusal is an error, not a body without the counts
 
 
 def calls_received(base_url: str) -> int:
@@ -140,9 +143,19 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--react", action="store_true",
                    help="with --litellm: skip register_model (CrewAI then prompts for ReAct text, no tool call)")
     p.add_argument("--stream", action="store_true", help="stream the model's replies (SSE)")
-    p.add_argument("--max-iter", type=int, default=5, help="CrewAI's cap on the agent's LLM turns")
+    p.add_argument("--max-iter", type=positive_int, default=5, help="CrewAI's cap on the agent's LLM turns")
     return p.parse_args()
 
 
+def run(args: argparse.Namespace) -> int:
+    """main(), with a failed run (no server at --base-url, a call it refused: say, an unknown
+    --workflow) reported in one line, exit 1, not a traceback."""
+    try:
+        return main(args)
+    except (httpx.HTTPError, openai.APIError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main(parse_args()))
+    run_module(lambda: run(parse_args()))  # a bad argument: one line `error: ...`, exit 2, as `topas`

@@ -20,6 +20,7 @@ import httpx
 import openai
 
 from topas_agents import label
+from topas_agents.cli.args import positive_int, run_module
 from topas_agents.integrations.metagpt.server_api import embedded_server, register_workflow, server_root
 from topas_agents.integrations.openai_client import labelled
 from topas_agents.server.tokens import message_tokens
@@ -75,7 +76,7 @@ async def main_async(base_url: str, n_tasks: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", type=int, default=3)
+    ap.add_argument("--tasks", type=positive_int, default=3)
     ap.add_argument("--time-scale", type=float, default=50.0, help="simulated seconds per wall second")
     args = ap.parse_args()
     with embedded_server(policy="topas", time_scale=args.time_scale) as server:
@@ -90,4 +91,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_module(main)  # a bad argument: one line `error: ...`, exit 2, as `topas`

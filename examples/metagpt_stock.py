@@ -49,4 +49,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from topas_agents.cli.args import run_module
+
+    run_module(main)  # a bad argument: one line `error: ...`, exit 2, as `topas`

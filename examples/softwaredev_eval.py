@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from pathlib import Path
 
 
@@ -47,4 +46,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from topas_agents.cli.args import run_module
+
+    run_module(main)  # a bad argument: one line `error: ...`, exit 2, as `topas`
