@@ -149,14 +149,16 @@ def _finishes(chunks: list) -> list[str]:
     return [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
 
 
-def test_a_cut_after_the_finish_chunk_is_not_sent_again(sse):
+@pytest.mark.parametrize(("first", "requests"), [(CUT_AFTER_FINISH, 1), (CUT_BEFORE_FINISH, 2)],
+                         ids=["cut after finish: not sent again", "cut before finish: resumed"])
+def test_a_cut_stream_is_resumed_only_before_its_finish_chunk(sse, first, requests):
     # before: a cut after finish_reason but before [DONE] re-issued the call (twice the cost)
-    # and handed the caller the finish chunk twice
-    url, state = sse(lambda n: CUT_AFTER_FINISH if n == 1 else WHOLE)
+    # and handed the caller the finish chunk twice; a cut before it must still be resumed
+    url, state = sse(lambda n: first if n == 1 else WHOLE)
     client = labelled(openai.OpenAI(base_url=url, api_key="x", max_retries=0))
     chunks = list(client.chat.completions.create(model="m", messages=MSG, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "".join(WHOLE.pieces)
-    assert _finishes(chunks) == ["stop"] and len(state.bodies) == 1
+    assert _finishes(chunks) == ["stop"] and len(state.bodies) == requests
 
 
 def test_an_async_cut_after_the_finish_chunk_is_not_sent_again(sse):
@@ -168,12 +170,3 @@ def test_an_async_cut_after_the_finish_chunk_is_not_sent_again(sse):
 
     chunks = asyncio.run(run())
     assert _finishes(chunks) == ["stop"] and len(state.bodies) == 1
-
-
-def test_a_cut_before_the_finish_chunk_is_still_resumed(sse):
-    """The fixes above leave the failover they must not break: a cut before finish_reason."""
-    url, state = sse(lambda n: CUT_BEFORE_FINISH if n == 1 else WHOLE)
-    client = labelled(openai.OpenAI(base_url=url, api_key="x", max_retries=0))
-    chunks = list(client.chat.completions.create(model="m", messages=MSG, stream=True))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "".join(WHOLE.pieces)
-    assert _finishes(chunks) == ["stop"] and len(state.bodies) == 2
