@@ -39,7 +39,12 @@ from tenacity import (
     wait_exponential,
 )
 
-from topas_agents.cluster.stream_retry import AsyncResumingStream, ResponsesProgress, ResumingStream
+from topas_agents.cluster.stream_retry import (
+    AsyncResumingStream,
+    ResponsesProgress,
+    ResumingStream,
+    chunk_progress,
+)
 from topas_agents.integrations.task import note_unlabelled_call
 from topas_agents.labels import BODY_KEY, Label, carries_label, current_label
 
@@ -174,7 +179,8 @@ class _Endpoint:
         if call_kwargs.get("stream") and self._resume:
             # A stream cut mid-way (a replica died behind the gateway: no [DONE], or an error
             # event) is re-issued once, with the same label, and resumed after what was delivered.
-            return ResumingStream(result, lambda: self._create_once(call_kwargs), progress=self._progress)
+            return ResumingStream(result, lambda: self._create_once(call_kwargs),
+                                  progress=self._progress or chunk_progress(call_kwargs))
         return result
 
     @property
@@ -210,7 +216,8 @@ class _Endpoint:
     async def _acreate(self, call_kwargs: dict[str, Any]) -> Any:
         result = await self._acreate_once(call_kwargs)
         if call_kwargs.get("stream") and self._resume:
-            return AsyncResumingStream(result, lambda: self._acreate_once(call_kwargs), progress=self._progress)
+            return AsyncResumingStream(result, lambda: self._acreate_once(call_kwargs),
+                                       progress=self._progress or chunk_progress(call_kwargs))
         return result
 
     async def _acreate_once(self, call_kwargs: dict[str, Any], method: str = "create") -> Any:

@@ -43,6 +43,7 @@ class Answer:
     pieces: tuple[str, ...]
     pause_s: float = 0.0
     cut: Literal["no", "before_finish", "after_finish"] = "no"
+    usage: bool = False  # a usage chunk after the finish (a cut "after_finish" comes before it)
 
 
 @dataclass
@@ -65,6 +66,9 @@ class SseServer:
                 time.sleep(0.05)  # what was sent is read before the cut
                 conn.shutdown(socket.SHUT_RDWR)
                 return
+            if answer.usage:
+                conn.sendall(_event({**_chunk({}), "choices": [],
+                                     "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}))
             conn.sendall(_frame(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         except OSError:  # the client closed its end (the close test)
             pass
@@ -170,3 +174,36 @@ def test_an_async_cut_after_the_finish_chunk_is_not_sent_again(sse):
 
     chunks = asyncio.run(run())
     assert _finishes(chunks) == ["stop"] and len(state.bodies) == 1
+
+
+def test_a_cut_between_the_finish_and_the_asked_for_usage_chunk_is_resumed(sse):
+    """With stream_options.include_usage the usage chunk comes after the finish: a break between
+    them lost it, silently. The call is re-issued and the caller gets the usage, and the
+    finish chunk once."""
+    url, state = sse(lambda n: Answer(WHOLE.pieces, cut="after_finish", usage=True) if n == 1
+                     else Answer(WHOLE.pieces, usage=True))
+    client = labelled(openai.OpenAI(base_url=url, api_key="x", max_retries=0))
+    chunks = list(client.chat.completions.create(model="m", messages=MSG, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "".join(WHOLE.pieces)
+    assert _finishes(chunks) == ["stop"] and len(state.bodies) == 2
+    assert [c.usage.total_tokens for c in chunks if c.usage is not None] == [3]
+
+
+def test_a_stream_of_several_choices_is_complete_only_when_each_has_finished():
+    """With n > 1 one choice's finish_reason is not the others': a break after choice 0 finished
+    and before choice 1 did would have ended the stream quietly with choice 1 cut short."""
+    from openai.types.chat import ChatCompletionChunk
+
+    from topas_agents.cluster.stream_retry import chunk_progress
+
+    def chunk(*choices: dict) -> ChatCompletionChunk:
+        return ChatCompletionChunk.model_validate({**_chunk({}), "choices": list(choices)})
+
+    progress = chunk_progress({"n": 2})()
+    progress.admit(chunk({"index": 0, "delta": {"content": "a"}, "finish_reason": None},
+                         {"index": 1, "delta": {"content": "b"}, "finish_reason": None}))
+    progress.admit(chunk({"index": 0, "delta": {}, "finish_reason": "stop"}))
+    assert progress.finished and not progress.complete
+    progress.admit(chunk({"index": 1, "delta": {}, "finish_reason": "stop"}))
+    assert progress.complete

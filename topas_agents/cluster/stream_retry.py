@@ -8,15 +8,17 @@ re-issue the same call once (a second break raises: `StreamCutError`, or the err
 the label) and skip the text already delivered, so the caller sees every character once and
 the usage chunk of the call that finished. Resuming assumes the replay produces the same
 text prefix (true for the simulated replicas; for a sampled LLM the caller gets the new
-call's text after the delivered length). Nothing is re-issued once a choice's `finish_reason`
-(or the final response event) has arrived, nor after the caller's own `close()`: iteration then
-simply ends.
+call's text after the delivered length). Nothing is re-issued after the caller's own `close()`,
+nor once everything the call sends has arrived (every choice's `finish_reason` and, when asked
+for, the usage chunk; or the final response event) and only `[DONE]` was lost: iteration then
+simply ends, each chunk handed once.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from functools import partial
 from typing import Any
 
 import httpx
@@ -63,6 +65,11 @@ class _Replay:
         self.replaying = True
         self.replayed = {}
 
+    @property
+    def complete(self) -> bool:
+        """Everything the call will send has arrived: a break now loses nothing."""
+        return self.finished
+
     def trim(self, key: Any, text: str) -> str:
         """`text`, the next piece of stream `key`, less what the caller already has."""
         done = self.delivered.get(key, 0)
@@ -81,9 +88,18 @@ class _Progress(_Replay):
     Only the text was tracked before: a replayed tool call was dropped, and the caller got
     arguments cut mid-JSON, or no call at all, under finish_reason "tool_calls"."""
 
-    def __init__(self) -> None:
+    def __init__(self, wants_usage: bool = False) -> None:
         super().__init__()
         self.announced: set[tuple[int, int]] = set()  # (choice, tool call) whose id/name the caller has
+        self.wants_usage = wants_usage  # stream_options.include_usage: a usage chunk ends the stream
+        self.open_choices: set[int] = set()  # choices seen without their finish_reason yet
+        self.done_choices: set[int] = set()  # choices whose finish_reason the caller has
+        self.usage_seen = False
+
+    @property
+    def complete(self) -> bool:
+        # with n > 1 one choice's finish is not the others', and the usage chunk comes last
+        return self.finished and not self.open_choices and (self.usage_seen or not self.wants_usage)
 
     def admit(self, chunk: Any) -> Any | None:
         """The chunk to hand to the caller (text trimmed on a replay), or None to drop it."""
@@ -96,9 +112,17 @@ class _Progress(_Replay):
             if self.replaying:
                 if len(kept) != len(text):
                     setattr(owner, attr, kept)
-                keep = keep or bool(kept) or bool(calls) or choice.finish_reason is not None
+                # a finish the caller already has (the break came after it) is not handed twice
+                keep = keep or bool(kept) or bool(calls) or (choice.finish_reason is not None
+                                                             and choice.index not in self.done_choices)
             if choice.finish_reason is not None:
                 self.finished = True
+                self.open_choices.discard(choice.index)
+                self.done_choices.add(choice.index)
+            else:
+                self.open_choices.add(choice.index)
+        if getattr(chunk, "usage", None) is not None:
+            self.usage_seen = True
         return chunk if keep else None
 
     def _admit_tool_calls(self, choice: Any) -> list[Any]:
@@ -165,11 +189,18 @@ class ResponsesProgress(_Replay):
         return event if event.delta else None
 
 
-def _over(progress: _Replay, closed: bool) -> bool:
-    """The stream needs no re-issue, whether it ended or broke: the caller closed it (its own
-    read then fails or stops short), or the final chunk/event arrived (a cut after it, before
-    `[DONE]`, lost nothing: re-issuing sent the call twice and repeated the final chunk)."""
-    return closed or progress.finished
+def _over(progress: _Replay, closed: bool, broke: bool) -> bool:
+    """The stream needs no re-issue: the caller closed it (its own read then fails or stops
+    short); or it ended after a finish_reason (the rule for a clean end); or it broke after
+    everything the call sends had arrived (every choice's finish_reason, and the usage chunk
+    when asked for: re-issuing then sent the call twice and repeated the final chunk)."""
+    return closed or (progress.complete if broke else progress.finished)
+
+
+def chunk_progress(call_kwargs: dict[str, Any]) -> Callable[[], _Replay]:
+    """The progress of a chat or completions stream made with `call_kwargs`."""
+    wants_usage = bool((call_kwargs.get("stream_options") or {}).get("include_usage"))
+    return partial(_Progress, wants_usage=wants_usage)
 
 
 class ResumingStream:
@@ -207,7 +238,7 @@ class ResumingStream:
                 if not transient(exc) and not self._closed:
                     raise
                 error = exc
-            if _over(progress, self._closed):
+            if _over(progress, self._closed, error is not None):
                 return
             if self.resumed >= self._attempts:
                 raise error if error is not None else _cut(self.resumed)
@@ -263,7 +294,7 @@ class AsyncResumingStream:
                 if not transient(exc) and not self._closed:
                     raise
                 error = exc
-            if _over(progress, self._closed):
+            if _over(progress, self._closed, error is not None):
                 return
             if self.resumed >= self._attempts:
                 raise error if error is not None else _cut(self.resumed)
