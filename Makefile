@@ -39,13 +39,14 @@ test: lint pytest test-openai-compat test-py310 test-sglang
 
 # The client wrapper must work with openai 1.x (metagpt's pin, in .venv), 2.x and 3.x.
 OPENAI_MAJORS := 2 3
+OPENAI_COMPAT_TESTS := tests/test_openai_client.py tests/test_openai_client_retries.py tests/test_client_streams.py
 test-openai-compat:
 	@for v in $(OPENAI_MAJORS); do \
 	  d=.venv-openai$$v; \
 	  [ -x $$d/bin/python ] || $(PY) -m venv $$d; \
 	  $$d/bin/pip install -q "openai==$$v.*" httpx tenacity pyyaml pytest pytest-asyncio && \
 	  $$d/bin/pip install -q --no-deps -e . && \
-	  $$d/bin/python -m pytest -q -p no:cacheprovider tests/test_openai_client.py || exit 1; \
+	  $$d/bin/python -m pytest -q -p no:cacheprovider $(OPENAI_COMPAT_TESTS) || exit 1; \
 	done
 
 # The README promises Python 3.10 and 3.11; .venv is 3.11 (PY). The server, simulator,
@@ -58,7 +59,7 @@ PY310 ?= $(shell for p in python3.10 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/vers
 # The gateway's tests too (smg from [cluster]: front, failover, restarts, keys; ~40 s), not its
 # simulated-cluster benches (simulator code the tests above run on 3.10 already).
 PY310_TESTS := tests/test_server_*.py tests/test_echo_*.py tests/test_topas_*.py tests/test_sim*.py \
-  tests/test_forecast_guard.py tests/test_fuzz_server.py tests/test_metagpt_sandbox.py tests/test_openai_client.py \
+  tests/test_forecast_guard.py tests/test_fuzz_server.py tests/test_metagpt_sandbox.py tests/test_openai_client*.py \
   tests/test_cluster_api_key.py tests/test_cluster_failover.py tests/test_cluster_front_bad_input.py \
   tests/test_cluster_gateway.py tests/test_cluster_restart.py tests/test_cluster_units.py
 test-py310:

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 README_SERVER = "http://127.0.0.1:8000/v1"  # `topas serve` (README): --host 127.0.0.1 --port 8000
 
@@ -46,6 +47,14 @@ def _server_a(url: str, key: str | None) -> None:
     if info.simulated and info.clock_scale < 10:  # `topas serve`'s default 1: ~75 wall s per SOP task
         print(f"note: server A runs at time scale {info.clock_scale:g}, so its task takes a minute or more "
               "(`topas serve --time-scale 50`: seconds)")
+
+
+class Server(NamedTuple):
+    """A server the example runs a task on; api_key None: it takes none."""
+
+    name: str
+    url: str
+    api_key: str | None
 
 
 def main() -> None:
@@ -86,7 +95,7 @@ def main() -> None:
 
     run = uuid.uuid4().hex[:6]  # a server closes a finished task id for good
     with embedded_server(policy="topas", time_scale=args.time_scale) as b:
-        servers = (("A", args.base_url, key), ("B", b.url, None))  # B, embedded here, takes no key
+        servers = (Server("A", args.base_url, key), Server("B", b.url, None))  # B, embedded here, takes no key
         # (2) per run: a fresh Config/Context for each server, no global state touched
         for name, url, url_key in servers:
             register_workflow(url, label_workflow("sop"), url_key)

@@ -262,7 +262,9 @@ class task:  # noqa: N801 - used like a function: `with task(...)`, `async with 
         if self._closed:
             raise ConfigError(f"task {self.handle.task_id!r} was closed when its scope ended (the server "
                               "refuses a closed task's calls): enter a new task(...) instead")
-        if any(t.handle.task_id == self.handle.task_id for t in _OPEN.get() if t._scope is not None):
+        # only a scope that sends the done call (close=True, a server known) would close the outer
+        if self.handle.base_url is not None and any(
+                t.handle.task_id == self.handle.task_id for t in _OPEN.get() if t._scope is not None):
             raise ConfigError(f"task {self.handle.task_id!r} is open already in an enclosing task(...): a nested "
                               "scope of the same id would close it at its exit; use label(...) blocks inside the "
                               "outer scope, or give the sub-task its own id")

@@ -328,14 +328,12 @@ def _add_topas_routes(app: FastAPI, svc: SimService, fits: Callable[[Workflow], 
         else:
             async with upload_parses:
                 wf = await asyncio.to_thread(_parse_checked_upload, text, fits)
-        tenant = _tenant(request)
-        added = await svc.register_workflow(wf, tenant, len(raw))
-        warnings, new = added.warnings, added.created
-        body: dict[str, Any] = {"name": wf.name, "created": new, "stages": [s.name for s in wf.stages],
+        added = await svc.register_workflow(wf, _tenant(request), len(raw))
+        body: dict[str, Any] = {"name": wf.name, "created": added.created, "stages": [s.name for s in wf.stages],
                                 "agents": {a.name: a.prefix_tokens for a in wf.agents}}
-        if warnings:
-            body["warnings"] = warnings  # the key's own view: names as it registered them
-        return JSONResponse(body, status_code=201 if new else 200)
+        if added.warnings:
+            body["warnings"] = added.warnings  # the key's own view: names as it registered them
+        return JSONResponse(body, status_code=201 if added.created else 200)
 
     # One route for both done calls, split on the raw path: a task id or stage may hold "/"
     # (sent as %2F, which the ASGI server decodes before routing, so `{task_id}` never

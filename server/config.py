@@ -59,7 +59,7 @@ class ServerConfig:
     # on a connection the server was closing failed (1 call in 1000, under load).
     keep_alive_s: float = 75.0
     # An engine advance (a policy decision, mostly) running this long makes /health answer 503
-    # "stalled": decisions run off the event loop, so /health answers during one, and a hung
+    # "stuck": decisions run off the event loop, so /health answers during one, and a hung
     # policy would otherwise read "ok" for ever. Far above any decision measured (tens of ms).
     stuck_advance_s: float = 30.0
 
@@ -80,6 +80,8 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be a number >= 0, got {value}")
         if self.stream_interval_s <= 0:
             raise ConfigError("stream_interval_s must be > 0")
+        if self.stuck_advance_s <= 0:  # 0 read every advance in progress as stuck
+            raise ConfigError("stuck_advance_s must be > 0")
         for key in self.api_keys:
             check_api_key(key)
         for name in ("max_call_history", "max_task_history", "default_max_tokens", "max_body_bytes",

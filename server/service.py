@@ -131,7 +131,7 @@ class SimService:
         if self.loop.failure is not None:
             return "failed"
         if self.advancing_s() > self.config.stuck_advance_s:
-            return "stalled"  # a decision that never ends: /health answers during it, so says so
+            return "stuck"  # a decision that never ends: /health answers during it, so says so
         return "draining" if self.draining else "ok"
 
     def advancing_s(self) -> float:

@@ -106,3 +106,15 @@ def test_the_page_says_a_replica_whose_text_does_not_parse_is_not_up() -> None:
     for replica, restarts in (("2", "2.0"), ("3", "0.0")):  # no metrics of theirs in the page
         assert _samples(page, replica=replica) == [("topas_replica_up", (), "0.0"),
                                                    ("topas_replica_restarts_total", (), restarts)]
+
+
+def test_a_family_typed_otherwise_by_another_replica_keeps_the_first_type() -> None:
+    """Replicas of two versions: `m` a gauge on one and a histogram on the other. The histogram's
+    samples under the gauge's TYPE line (`m_bucket` after `# TYPE m gauge`) made a page that
+    Prometheus rejects whole."""
+    gauge = "# HELP m Things\n# TYPE m gauge\nm 1\n"
+    histogram = ('# HELP m Things\n# TYPE m histogram\nm_bucket{le="1.0"} 1\nm_bucket{le="+Inf"} 1\n'
+                 "m_count 1\nm_sum 0.5\n")
+    merged = merge_metrics([gauge, histogram])
+    assert [(f.name, f.type) for f in text_string_to_metric_families(merged)] == [("m", "gauge")]
+    assert _samples(merged) == [("m", (("replica", "1"),), "1.0")]

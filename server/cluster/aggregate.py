@@ -301,7 +301,7 @@ REPLICA_RESTARTS_FAMILY = "topas_replica_restarts_total"
 def replica_up_metric(texts: Sequence[object | None]) -> str:
     """`topas_replica_up{replica="i"} 1|0`: 1 when replica i's metrics are in the scrape (its
     entry in `texts` is not None)."""
-    lines = [f"# HELP {REPLICA_UP_FAMILY} 1 if the front got this replica's metrics, 0 if it did not answer.",
+    lines = [f"# HELP {REPLICA_UP_FAMILY} 1 if the front got this replica's metrics, 0 if it did not answer or its text did not parse.",
              f"# TYPE {REPLICA_UP_FAMILY} gauge",
              *(f'{REPLICA_UP_FAMILY}{{replica="{i}"}} {int(t is not None)}' for i, t in enumerate(texts, start=1))]
     return "".join(f"{line}\n" for line in lines)
@@ -343,6 +343,8 @@ def _merged(parsed: Sequence[list[Metric] | None]) -> str:
         for family in metrics or ():
             # keyed by name alone: the format allows one TYPE line per name
             merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            if family.type != merged.type:  # a replica of another version: its samples would not fit the TYPE
+                continue
             merged.samples += [_with_replica(sample, replica) for sample in family.samples]
     return generate_latest(_MergedFamilies(list(families.values()))).decode("utf-8")
 
